@@ -1,0 +1,104 @@
+"""The backend protocol: a rendered chat request in, a stream of deltas out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from ..render import ChatPrompt, encode
+
+
+@dataclass(slots=True)
+class BackendRequest:
+    """A Chat Completions request whose message history is already encoded."""
+
+    model: str
+    prompt: ChatPrompt
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    max_output_tokens: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    cached_prefix_nbytes: int = 0
+    """Bytes of the history already sent on an earlier turn: the part a prefix cache can reuse."""
+
+    def body(self, *, stream: bool = True, extra: dict[str, Any] | None = None) -> bytes:
+        """The Chat Completions JSON body; the history is joined from cached bytes."""
+        fields: dict[str, Any] = {"model": self.model, "stream": stream, **self.options}
+        if stream:
+            fields["stream_options"] = {"include_usage": True}
+        if self.tools:
+            fields["tools"] = self.tools
+            if self.tool_choice is not None:
+                fields["tool_choice"] = self.tool_choice
+        if self.max_output_tokens is not None:
+            fields["max_tokens"] = self.max_output_tokens
+        if extra:
+            fields.update(extra)
+        head = encode(fields)
+        return head[:-1] + b',"messages":' + self.prompt.encoded_messages(self.instructions) + b"}"
+
+    def estimate_input_tokens(self) -> int:
+        return estimate_tokens(self.prompt.nbytes + len(self.instructions or ""))
+
+
+@dataclass(slots=True, frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call; `call_id` and `name` arrive with the first piece."""
+
+    index: int
+    arguments: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Finish:
+    """The backend's finish reason: 'stop', 'length' or 'tool_calls'."""
+
+    reason: str
+
+
+Delta = TextDelta | ToolCallDelta | Usage | Finish
+
+
+class Backend(Protocol):
+    """One inference backend.
+
+    `stream` yields deltas for one request and raises `BackendError` when the backend is
+    unreachable, answers with an error status, or ends the stream before finishing. It must
+    release its HTTP resources when the consumer stops early. `aclose` releases pooled
+    connections; the backend is unusable afterwards.
+    """
+
+    name: str
+
+    def stream(self, request: BackendRequest) -> AsyncIterator[Delta]: ...
+
+    async def models(self) -> list[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def estimate_tokens(nbytes: int) -> int:
+    """About four bytes per token: used only when a backend reports no usage."""
+    return max(1, nbytes // 4)
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)

@@ -1,0 +1,79 @@
+"""The `responses-ws` command: serve, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .settings import Settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "backend": args.backend,
+        "api_keys": args.api_key or None,
+        "backend_api_key": args.backend_api_key,
+    }
+    if args.config:
+        settings = Settings.from_file(args.config, **overrides)
+    else:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, settings.backend)
+    serve(settings, log_level=args.log_level.lower())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(turns=args.turns, payload_bytes=args.payload_bytes, tokens_per_s=args.tokens_per_s)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="responses-ws",
+        description="Responses API WebSocket mode for agent loops: a sidecar shim in front of any backend.",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the shim (WebSocket and HTTP on one port)")
+    serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8787)")
+    serve.add_argument(
+        "--backend",
+        help="'simulated' (default) or the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
+    )
+    serve.add_argument("--api-key", action="append", help="require this bearer key from clients (repeatable)")
+    serve.add_argument("--backend-api-key", help="bearer key the shim sends to the backend")
+    serve.add_argument("--config", help="TOML file with a [server] table; flags override it")
+    serve.set_defaults(func=_serve)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run one tool-calling loop over HTTP and over WebSocket on the simulated backend and compare",
+    )
+    demo.add_argument("--turns", type=int, default=30, help="turns in the loop (default 30)")
+    demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
+    demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "DEBUG":
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

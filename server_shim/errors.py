@@ -1,0 +1,55 @@
+"""Errors a client can switch on: one exception carries the HTTP status and the API error body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class APIError(Exception):
+    """An error reported to the client as an `error` event (WebSocket) or an error JSON body (HTTP)."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+    type: str = "invalid_request_error"
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    def event(self) -> dict[str, Any]:
+        return {"type": "error", "status": self.status, "error": self.body()}
+
+
+def invalid(code: str, message: str, param: str | None = None) -> APIError:
+    return APIError(400, code, message, param)
+
+
+def previous_response_not_found(response_id: str) -> APIError:
+    return APIError(
+        400,
+        "previous_response_not_found",
+        f"Previous response with id '{response_id}' not found.",
+        "previous_response_id",
+    )
+
+
+class BackendError(Exception):
+    """The backend failed: unreachable, an error status, or a stream cut short."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+    def api_error(self) -> APIError:
+        if self.status == 429:
+            return APIError(429, "rate_limit_exceeded", str(self), type="rate_limit_error")
+        if self.status is not None and 400 <= self.status < 500:
+            return APIError(400, "backend_rejected_request", str(self))
+        return APIError(502, "backend_error", str(self), type="server_error")

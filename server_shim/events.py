@@ -1,0 +1,225 @@
+"""Responses stream events: sequence numbers, lane echo, and assembling output items from deltas."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.base import Delta, Finish, TextDelta, ToolCallDelta, Usage
+
+Event = dict[str, Any]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class EventSequence:
+    """Numbers the events of one response and echoes its lane on each."""
+
+    def __init__(self, stream_id: str | None = None) -> None:
+        self.stream_id = stream_id
+        self.next = 0
+
+    def __call__(self, type_: str, **fields: Any) -> Event:
+        event = {"type": type_, "sequence_number": self.next, **fields}
+        if self.stream_id is not None:
+            event["stream_id"] = self.stream_id
+        self.next += 1
+        return event
+
+
+@dataclass(slots=True)
+class _OpenItem:
+    item: dict[str, Any]
+    index: int
+    text: list[str] = field(default_factory=list)
+
+
+class OutputAssembler:
+    """Turns backend deltas into stream events and the final output items.
+
+    Text opens a message item; each tool-call index opens a function_call item. An item is
+    closed when another kind starts or the stream finishes.
+    """
+
+    def __init__(self, seq: EventSequence) -> None:
+        self.seq = seq
+        self.output: list[dict[str, Any]] = []
+        self.usage: Usage | None = None
+        self.finish: str = "stop"
+        self._message: _OpenItem | None = None
+        self._calls: dict[int, _OpenItem] = {}
+
+    def feed(self, delta: Delta) -> list[Event]:
+        if isinstance(delta, TextDelta):
+            return self._text(delta.text)
+        if isinstance(delta, ToolCallDelta):
+            return self._tool_call(delta)
+        if isinstance(delta, Usage):
+            self.usage = delta
+        elif isinstance(delta, Finish):
+            self.finish = delta.reason
+        return []
+
+    def close(self, status: str = "completed") -> list[Event]:
+        events = self._close_message(status)
+        for open_call in self._calls.values():
+            events.extend(self._close_call(open_call, status))
+        self._calls.clear()
+        return events
+
+    def _text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._message is None:
+            if self._calls:
+                events.extend(self.close())
+            item = {
+                "id": new_id("msg"),
+                "type": "message",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+            self._message = _OpenItem(item, len(self.output))
+            self.output.append(item)
+            events.append(
+                self.seq(
+                    "response.output_item.added",
+                    output_index=self._message.index,
+                    item=dict(item, content=[]),
+                )
+            )
+            events.append(
+                self.seq(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=self._message.index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        self._message.text.append(text)
+        events.append(
+            self.seq(
+                "response.output_text.delta",
+                item_id=self._message.item["id"],
+                output_index=self._message.index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _tool_call(self, delta: ToolCallDelta) -> list[Event]:
+        events = self._close_message("completed")
+        open_call = self._calls.get(delta.index)
+        if open_call is None:
+            item = {
+                "id": new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": delta.call_id or new_id("call"),
+                "name": delta.name or "",
+                "arguments": "",
+            }
+            open_call = self._calls[delta.index] = _OpenItem(item, len(self.output))
+            self.output.append(item)
+            events.append(self.seq("response.output_item.added", output_index=open_call.index, item=dict(item)))
+        elif delta.name and not open_call.item["name"]:
+            open_call.item["name"] = delta.name
+        if delta.arguments:
+            open_call.text.append(delta.arguments)
+            events.append(
+                self.seq(
+                    "response.function_call_arguments.delta",
+                    item_id=open_call.item["id"],
+                    output_index=open_call.index,
+                    delta=delta.arguments,
+                )
+            )
+        return events
+
+    def _close_message(self, status: str) -> list[Event]:
+        message, self._message = self._message, None
+        if message is None:
+            return []
+        text = "".join(message.text)
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        message.item.update(status=status, content=[part])
+        where = {"item_id": message.item["id"], "output_index": message.index, "content_index": 0}
+        return [
+            self.seq("response.output_text.done", **where, text=text, logprobs=[]),
+            self.seq("response.content_part.done", **where, part=part),
+            self.seq("response.output_item.done", output_index=message.index, item=message.item),
+        ]
+
+    def _close_call(self, open_call: _OpenItem, status: str) -> list[Event]:
+        item = open_call.item
+        item.update(status=status, arguments="".join(open_call.text))
+        return [
+            self.seq(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=open_call.index,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            self.seq("response.output_item.done", output_index=open_call.index, item=item),
+        ]
+
+
+def response_object(
+    response_id: str,
+    request: Any,
+    *,
+    status: str,
+    output: list[dict[str, Any]] | None = None,
+    usage: Usage | None = None,
+    error: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    created_at: float | None = None,
+) -> dict[str, Any]:
+    """The Response object as the API returns it, built from the request and the outcome."""
+    now = time.time()
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(created_at or now),
+        "completed_at": int(now) if status in ("completed", "incomplete", "failed") else None,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata or {},
+        "model": request.model,
+        "output": output or [],
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "store": request.stores,
+        "temperature": request.temperature if request.temperature is not None else 1.0,
+        "text": request.text or {"format": {"type": "text"}},
+        "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
+        "tools": request.tools or [],
+        "top_p": request.top_p if request.top_p is not None else 1.0,
+        "truncation": "disabled",
+        "usage": _usage(usage),
+        "user": request.user,
+    }
+
+
+def _usage(usage: Usage | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }

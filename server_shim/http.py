@@ -1,0 +1,104 @@
+"""HTTP routes on the same app: `POST/GET/DELETE /v1/responses`, models, health."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from .errors import APIError, invalid
+from .requests import parse_create
+from .turn import Turn
+
+if TYPE_CHECKING:
+    from .app import ShimState
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def error_response(error: APIError) -> Response:
+    return json_response({"error": error.body()}, error.status)
+
+
+async def create_response(request: Request) -> Response:
+    shim: ShimState = request.app.state.shim
+    raw = await request.body()
+    shim.stats.bytes_received += len(raw)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return error_response(invalid("invalid_json", f"The request body is not valid JSON: {exc}."))
+    if not isinstance(body, dict):
+        return error_response(invalid("invalid_type", "The request body must be a JSON object."))
+    try:
+        create = parse_create(body, websocket=False)
+        if create.background:
+            raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
+        turn = Turn(create, shim.env, cache=None)
+        await turn.prepare()
+    except APIError as error:
+        return error_response(error)
+    if create.stream:
+        return StreamingResponse(_sse(turn, shim), media_type="text/event-stream")
+    terminal: dict[str, Any] | None = None
+    async with contextlib.aclosing(turn.events()) as events:
+        async for event in events:
+            if event["type"] in ("response.completed", "response.incomplete"):
+                terminal = event["response"]
+    shim.record_turn(turn)
+    if turn.result.error is not None:
+        return error_response(turn.result.error)
+    return json_response(terminal)
+
+
+async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:
+    try:
+        async with contextlib.aclosing(turn.events()) as events:
+            async for event in events:
+                yield b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    finally:
+        shim.record_turn(turn)
+
+
+async def get_response(request: Request) -> Response:
+    shim: ShimState = request.app.state.shim
+    response_id = request.path_params["response_id"]
+    state = await shim.env.store.load(response_id)
+    if state is None:
+        return error_response(_not_found(response_id))
+    return json_response(state.response)
+
+
+async def delete_response(request: Request) -> Response:
+    shim: ShimState = request.app.state.shim
+    response_id = request.path_params["response_id"]
+    if not await shim.env.store.delete(response_id):
+        return error_response(_not_found(response_id))
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def list_models(request: Request) -> Response:
+    shim: ShimState = request.app.state.shim
+    try:
+        names = await shim.models()
+    except Exception as exc:
+        return error_response(
+            APIError(502, "backend_error", f"Could not list backend models: {exc}", type="server_error")
+        )
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "responses-ws"} for name in names]
+    return json_response({"object": "list", "data": data})
+
+
+async def healthz(request: Request) -> Response:
+    shim: ShimState = request.app.state.shim
+    return json_response({"status": "ok", "backend": shim.env.backend.name, "connections": len(shim.connections)})
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, "response_not_found", f"Response with id '{response_id}' not found.", "response_id")

@@ -1,0 +1,118 @@
+"""Input items: normalise and validate what a request adds, never the history it points to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import APIError, invalid
+
+Item = dict[str, Any]
+
+MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
+TEXT_PART_TYPES = frozenset({"input_text", "output_text", "refusal"})
+PART_TYPES = TEXT_PART_TYPES | {"input_image", "input_file"}
+IGNORED_ITEM_TYPES = frozenset({"reasoning"})
+
+
+def normalize_input(raw: Any) -> list[Item]:
+    """A plain string is one user message; anything else must be a list of item objects."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise invalid("invalid_type", "'input' must be a string or an array of input items.", "input")
+    return raw
+
+
+def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set[str]:
+    """Check each new item; return the call ids the new items introduce.
+
+    `known_call_ids` are the function calls already in the conversation (read-only cached
+    state), so a `function_call_output` can be checked without walking the history.
+    """
+    introduced: set[str] = set()
+    known = known_call_ids if isinstance(known_call_ids, (set, frozenset)) else set(known_call_ids)
+    for index, item in enumerate(items):
+        param = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise invalid("invalid_type", f"'{param}' must be an object.", param)
+        kind = item.setdefault("type", "message") if "role" in item else item.get("type")
+        if kind == "message":
+            _validate_message(item, param)
+        elif kind == "function_call":
+            _require_str(item, ("call_id", "name", "arguments"), param)
+            introduced.add(item["call_id"])
+        elif kind == "function_call_output":
+            _require_str(item, ("call_id",), param)
+            output = item.get("output")
+            if not isinstance(output, (str, list)):
+                raise invalid("invalid_type", f"'{param}.output' must be a string or an array.", f"{param}.output")
+            call_id = item["call_id"]
+            if call_id not in known and call_id not in introduced:
+                raise invalid(
+                    "tool_output_without_call",
+                    f"No tool call found for function call output with call_id '{call_id}'.",
+                    f"{param}.call_id",
+                )
+        elif kind in IGNORED_ITEM_TYPES or kind == "item_reference":
+            if kind == "item_reference":
+                _require_str(item, ("id",), param)
+        elif kind is None:
+            raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.type'.", param)
+        else:
+            raise invalid("invalid_value", f"Invalid value for '{param}.type': unsupported item type '{kind}'.", param)
+    return introduced
+
+
+def _validate_message(item: Item, param: str) -> None:
+    role = item.get("role")
+    if role not in MESSAGE_ROLES:
+        raise invalid(
+            "invalid_value",
+            f"Invalid value for '{param}.role': expected one of {sorted(MESSAGE_ROLES)}, got {role!r}.",
+            f"{param}.role",
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid("invalid_type", f"'{param}.content' must be a string or an array.", f"{param}.content")
+    for part_index, part in enumerate(content):
+        part_param = f"{param}.content[{part_index}]"
+        part_type = part.get("type") if isinstance(part, dict) else None
+        if part_type not in PART_TYPES:
+            raise invalid("invalid_value", f"Invalid content part at '{part_param}'.", f"{part_param}.type")
+        if part_type in TEXT_PART_TYPES:
+            key = "refusal" if part_type == "refusal" else "text"
+            if not isinstance(part.get(key), str):
+                raise invalid("invalid_type", f"'{part_param}.{key}' must be a string.", f"{part_param}.{key}")
+
+
+def _require_str(item: Item, keys: tuple[str, ...], param: str) -> None:
+    for key in keys:
+        if key not in item:
+            raise invalid(
+                "missing_required_parameter",
+                f"Missing required parameter: '{param}.{key}'.",
+                f"{param}.{key}",
+            )
+        if not isinstance(item[key], str):
+            raise invalid("invalid_type", f"'{param}.{key}' must be a string.", f"{param}.{key}")
+
+
+def resolve_references(items: list[Item], lookup: dict[str, Item]) -> list[Item]:
+    """Replace `item_reference` items by the cached items they name."""
+    if not any(item.get("type") == "item_reference" for item in items):
+        return items
+    resolved = []
+    for index, item in enumerate(items):
+        if item.get("type") != "item_reference":
+            resolved.append(item)
+            continue
+        target = lookup.get(item["id"])
+        if target is None:
+            raise APIError(404, "item_not_found", f"Item with id '{item['id']}' not found.", f"input[{index}].id")
+        resolved.append(target)
+    return resolved

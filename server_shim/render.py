@@ -1,0 +1,116 @@
+"""Render Responses items into Chat Completions messages, append-only.
+
+A rendered prompt is immutable: a turn extends its parent's prompt with the messages
+of the new items only, and keeps each message's JSON encoding so the backend body is
+a byte join, not a re-encoding of the history. The same history always renders to the
+same bytes, so the backends' prefix caches hit on every turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .items import Item
+
+Message = dict[str, Any]
+
+
+def encode(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """The history as chat messages (instructions excluded) and their encodings."""
+
+    messages: tuple[Message, ...] = ()
+    fragments: tuple[bytes, ...] = ()
+    nbytes: int = 0
+
+    def extend(self, messages: list[Message]) -> ChatPrompt:
+        if not messages:
+            return self
+        fragments = [encode(m) for m in messages]
+        return ChatPrompt(
+            self.messages + tuple(messages),
+            self.fragments + tuple(fragments),
+            self.nbytes + sum(len(f) + 1 for f in fragments),
+        )
+
+    def encoded_messages(self, instructions: str | None) -> bytes:
+        """The JSON array of messages, with the request's instructions as the leading system message."""
+        head = [encode({"content": instructions, "role": "system"})] if instructions else []
+        return b"[" + b",".join([*head, *self.fragments]) + b"]"
+
+
+@dataclass(slots=True)
+class _Renderer:
+    messages: list[Message] = field(default_factory=list)
+
+    def add(self, item: Item) -> None:
+        kind = item.get("type", "message")
+        if kind == "message":
+            self._message(item)
+        elif kind == "function_call":
+            self._function_call(item)
+        elif kind == "function_call_output":
+            output = item["output"]
+            content = output if isinstance(output, str) else _text_of(output)
+            self.messages.append({"content": content, "role": "tool", "tool_call_id": item["call_id"]})
+
+    def _message(self, item: Item) -> None:
+        role = item["role"]
+        content = item["content"]
+        if role == "developer":
+            role = "system"
+        if isinstance(content, list):
+            content = _chat_content(content)
+        self.messages.append({"content": content, "role": role})
+
+    def _function_call(self, item: Item) -> None:
+        call = {
+            "function": {"arguments": item["arguments"], "name": item["name"]},
+            "id": item["call_id"],
+            "type": "function",
+        }
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), str):
+            last.setdefault("tool_calls", []).append(call)
+            return
+        self.messages.append({"content": "", "role": "assistant", "tool_calls": [call]})
+
+
+def render_items(items: list[Item]) -> list[Message]:
+    """Chat messages for a batch of items; consecutive calls join the assistant message before them."""
+    renderer = _Renderer()
+    for item in items:
+        renderer.add(item)
+    return renderer.messages
+
+
+def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    if all(p.get("type") in ("input_text", "output_text", "refusal") for p in parts):
+        return _text_of(parts)
+    chat_parts: list[dict[str, Any]] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("input_text", "output_text"):
+            chat_parts.append({"text": part["text"], "type": "text"})
+        elif kind == "input_image":
+            chat_parts.append({"image_url": {"url": part.get("image_url") or part.get("file_id")}, "type": "image_url"})
+        elif kind == "input_file":
+            chat_parts.append({"file": {k: v for k, v in part.items() if k != "type"}, "type": "file"})
+    return chat_parts
+
+
+def _text_of(parts: list[Any]) -> str:
+    texts = []
+    for part in parts:
+        if isinstance(part, dict):
+            texts.append(part.get("text") or part.get("refusal") or "")
+        elif isinstance(part, str):
+            texts.append(part)
+    return "".join(texts)

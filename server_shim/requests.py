@@ -1,0 +1,88 @@
+"""The `response.create` / `POST /v1/responses` body, validated at the edge."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import APIError, invalid
+
+STREAM_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,256}$")
+
+
+class CreateRequest(BaseModel):
+    """The fields the shim acts on; unknown fields are accepted and ignored, as the API evolves."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: Any = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    background: bool | None = None
+    generate: bool | None = None
+    stream_id: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    metadata: dict[str, str] | None = None
+    text: dict[str, Any] | None = None
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, (str, list)):
+            raise ValueError("must be a string or an array of input items")
+        return value
+
+    @property
+    def stores(self) -> bool:
+        return self.store is not False
+
+
+def parse_create(body: dict[str, Any], *, websocket: bool) -> CreateRequest:
+    """Validate a request body; errors carry the offending parameter."""
+    fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
+    try:
+        request = CreateRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise _api_error(exc) from None
+    if websocket and request.background:
+        raise invalid(
+            "unsupported_parameter",
+            "'background: true' is not supported over WebSocket; use HTTP for background responses.",
+            "background",
+        )
+    if request.stream_id is not None and not websocket:
+        raise invalid("unsupported_parameter", "'stream_id' is only valid over WebSocket.", "stream_id")
+    return request
+
+
+def check_stream_id(value: Any) -> str | None:
+    """Lane ids are checked before anything else so the error can be sent on the right lane."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not STREAM_ID.match(value):
+        raise invalid(
+            "invalid_stream_id",
+            "Invalid 'stream_id': expected 1-256 characters of [A-Za-z0-9_.-].",
+            "stream_id",
+        )
+    return value
+
+
+def _api_error(exc: ValidationError) -> APIError:
+    error = exc.errors()[0]
+    loc = error["loc"]
+    param = ".".join(str(part) for part in loc) if loc else None
+    if error["type"] == "missing":
+        return invalid("missing_required_parameter", f"Missing required parameter: '{param}'.", param)
+    return invalid("invalid_value", f"Invalid value for '{param}': {error['msg']}.", param)

@@ -1,0 +1,87 @@
+"""Running the app under uvicorn, with a shutdown that closes WebSockets with 1001 first."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import uvicorn
+from starlette.applications import Starlette
+
+from .app import ShimState, create_app
+from .settings import Settings
+
+
+class ShimServer(uvicorn.Server):
+    """uvicorn would close open sockets with 1012; drain and send 1001 (going away) before it does."""
+
+    def __init__(self, config: uvicorn.Config, shim: ShimState) -> None:
+        super().__init__(config)
+        self.shim = shim
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.shim.close_connections()
+        await super().shutdown(sockets)
+
+
+def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        ws_max_size=max(2 * settings.max_frame_bytes, 16 * 1024 * 1024),
+        ws_per_message_deflate=False,
+        lifespan="on",
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def serve(settings: Settings, *, log_level: str = "info") -> None:
+    app = create_app(settings)
+    server = ShimServer(uvicorn_config(app, settings, log_level=log_level), app.state.shim)
+    asyncio.run(server.serve())
+
+
+class BackgroundServer:
+    """A real uvicorn server on a free loopback port in a thread: for the demo, tests and benchmarks."""
+
+    def __init__(self, app: Starlette, settings: Settings | None = None) -> None:
+        settings = (settings or Settings()).model_copy(update={"port": _free_port(), "host": "127.0.0.1"})
+        self.app = app
+        self.settings = settings
+        self.server = ShimServer(uvicorn_config(app, settings, log_level="warning"), app.state.shim)
+        self._thread = threading.Thread(target=self.server.run, name="responses-ws-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}/v1"
+
+    @property
+    def shim(self) -> ShimState:
+        return self.app.state.shim
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread died during start-up")
+            threading.Event().wait(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,217 @@
+"""One turn as a pipeline: resolve -> validate new items -> render -> backend -> events -> finalize.
+
+Only this module knows the order of the stages. Each stage sees what it needs: validators
+get the new items and read-only previous state, the backend gets a rendered request.
+Nothing here touches a socket, so the WebSocket and HTTP paths share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from .backends.base import Backend, BackendRequest
+from .errors import APIError, BackendError, previous_response_not_found
+from .events import Event, EventSequence, OutputAssembler, new_id, response_object
+from .items import Item, normalize_input, resolve_references, validate_items
+from .render import ChatPrompt, render_items
+from .requests import CreateRequest
+from .state import ConnectionCache, ResponseState, ResponseStore
+from .tools import chat_tool_choice, chat_tools
+
+log = logging.getLogger(__name__)
+
+Validator = Callable[[list[Item], ResponseState | None, CreateRequest], None]
+"""Called with the new items only and the previous state (read-only); raises `APIError` to refuse."""
+
+
+@dataclass
+class TurnEnv:
+    """What every turn on a server shares."""
+
+    backend: Backend
+    store: ResponseStore
+    validators: Sequence[Validator] = ()
+    backend_model: Callable[[str], str] = field(default=lambda model: model)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The prepared turn: validated new items and the request rendered onto the cached prompt."""
+
+    new_items: list[Item]
+    tools: list | None
+    tool_choice: object
+    prompt: ChatPrompt
+    call_ids: frozenset[str]
+    cached_prefix_nbytes: int
+
+
+@dataclass
+class TurnResult:
+    """How the turn ended, for callers that need more than the events."""
+
+    response: dict | None = None
+    error: APIError | None = None
+    new_items: int = 0
+
+
+class Turn:
+    """Runs one `response.create`; iterate `events()` to drive it."""
+
+    def __init__(
+        self,
+        request: CreateRequest,
+        env: TurnEnv,
+        cache: ConnectionCache | None,
+        *,
+        stream_id: str | None = None,
+    ) -> None:
+        self.request = request
+        self.env = env
+        self.cache = cache
+        self.seq = EventSequence(stream_id)
+        self.result = TurnResult()
+        self._plan: _Plan | None = None
+
+    async def prepare(self) -> None:
+        """Everything before inference; raises `APIError` and leaves all state untouched."""
+        if self._plan is not None:
+            return
+        previous = await self._resolve_previous()
+        new_items = normalize_input(self.request.input)
+        known_calls = previous.call_ids if previous else frozenset()
+        introduced = validate_items(new_items, known_calls)
+        for validator in self.env.validators:
+            validator(new_items, previous, self.request)
+        if previous is not None:
+            new_items = resolve_references(new_items, {i["id"]: i for i in previous.output_items if "id" in i})
+        tools = self._chat_tools(previous)
+        tool_choice = chat_tool_choice(self.request.tool_choice, tools)
+        base = previous.prompt if previous else ChatPrompt()
+        self.result.new_items = len(new_items)
+        self._plan = _Plan(
+            new_items,
+            tools,
+            tool_choice,
+            base.extend(render_items(new_items)),
+            known_calls | introduced,
+            base.nbytes,
+        )
+
+    async def events(self) -> AsyncIterator[Event]:
+        await self.prepare()
+        plan = self._plan
+        assert plan is not None
+        request = self.request
+        response_id = new_id("resp")
+        created_at = time.time()
+        pending = response_object(response_id, request, status="in_progress", created_at=created_at)
+        yield self.seq("response.created", response=pending)
+        yield self.seq("response.in_progress", response=pending)
+
+        assembler = OutputAssembler(self.seq)
+        if request.generate is not False:
+            backend_request = BackendRequest(
+                model=self.env.backend_model(request.model),
+                prompt=plan.prompt,
+                instructions=request.instructions,
+                tools=plan.tools,
+                tool_choice=plan.tool_choice,
+                max_output_tokens=request.max_output_tokens,
+                options=_sampling_options(request),
+                cached_prefix_nbytes=plan.cached_prefix_nbytes,
+            )
+            try:
+                async for delta in self.env.backend.stream(backend_request):
+                    for event in assembler.feed(delta):
+                        yield event
+            except BackendError as exc:
+                for event in self._fail(exc, assembler, response_id, created_at):
+                    yield event
+                return
+        incomplete = assembler.finish == "length"
+        for event in assembler.close("incomplete" if incomplete else "completed"):
+            yield event
+        final = response_object(
+            response_id,
+            request,
+            status="incomplete" if incomplete else "completed",
+            output=assembler.output,
+            usage=assembler.usage,
+            incomplete_reason="max_output_tokens" if incomplete else None,
+            created_at=created_at,
+        )
+        await self._finalize(final, plan)
+        self.result.response = final
+        yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
+
+    async def _resolve_previous(self) -> ResponseState | None:
+        previous_id = self.request.previous_response_id
+        if previous_id is None:
+            return None
+        state = self.cache.get(previous_id) if self.cache is not None else None
+        if state is None:
+            state = await self.env.store.load(previous_id)
+            if state is None:
+                raise previous_response_not_found(previous_id)
+            if self.cache is not None:
+                self.cache.put(state)
+        return state
+
+    def _chat_tools(self, previous: ResponseState | None) -> list | None:
+        tools = self.request.tools or []
+        if previous is not None and previous.tools == tools:
+            return previous.chat_tools
+        return chat_tools(tools)
+
+    def _fail(self, exc: BackendError, assembler: OutputAssembler, response_id: str, created_at: float) -> list[Event]:
+        """A failed turn: close what was open, report `response.failed` then the error; evict its parent."""
+        log.warning("turn %s failed: %s", response_id, exc)
+        error = exc.api_error()
+        if self.request.previous_response_id and self.cache is not None:
+            self.cache.evict(self.request.previous_response_id)
+        events = assembler.close("incomplete")
+        failed = response_object(
+            response_id,
+            self.request,
+            status="failed",
+            output=assembler.output,
+            usage=assembler.usage,
+            error={"code": "server_error", "message": str(exc)},
+            created_at=created_at,
+        )
+        self.result.response = failed
+        self.result.error = error
+        events.append(self.seq("response.failed", response=failed))
+        events.append(self.seq("error", status=error.status, error=error.body()))
+        return events
+
+    async def _finalize(self, response: dict, plan: _Plan) -> None:
+        output = response["output"]
+        state = ResponseState(
+            response=response,
+            input_items=plan.new_items,
+            output_items=output,
+            tools=self.request.tools or [],
+            chat_tools=plan.tools,
+            prompt=plan.prompt.extend(render_items(output)),
+            call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] == "function_call"},
+        )
+        if self.cache is not None:
+            self.cache.put(state)
+        if self.request.stores:
+            await self.env.store.save(state)
+
+
+def _sampling_options(request: CreateRequest) -> dict:
+    options: dict = {}
+    if request.temperature is not None:
+        options["temperature"] = request.temperature
+    if request.top_p is not None:
+        options["top_p"] = request.top_p
+    if request.parallel_tool_calls is not None and request.tools:
+        options["parallel_tool_calls"] = request.parallel_tool_calls
+    return options

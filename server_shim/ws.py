@@ -1,0 +1,226 @@
+"""The WebSocket connection: frames -> lanes -> turns, with limits and close codes.
+
+One `ResponsesConnection` per socket. Requests on one lane (`stream_id`, or the default
+lane) run in order; lanes run concurrently up to `max_in_flight` responses. Malformed
+frames get an `error` event and the connection carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from .errors import APIError, invalid
+from .requests import check_stream_id, parse_create
+from .state import ConnectionCache
+from .turn import Turn
+
+if TYPE_CHECKING:
+    from .app import ShimState
+
+log = logging.getLogger(__name__)
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_MESSAGE_TOO_BIG = 1009
+
+
+class ConnectionState(enum.Enum):
+    OPEN = "open"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Lane:
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    worker: asyncio.Task[None] | None = None
+
+
+class ResponsesConnection:
+    def __init__(self, websocket: WebSocket, shim: ShimState) -> None:
+        settings = shim.settings
+        self.websocket = websocket
+        self.shim = shim
+        self.settings = settings
+        self.cache = ConnectionCache(settings.cache_max_responses, settings.cache_max_bytes)
+        self.state = ConnectionState.OPEN
+        self.opened_at = time.monotonic()
+        self._lanes: dict[str | None, _Lane] = {}
+        self._in_flight = asyncio.Semaphore(settings.max_in_flight)
+        self._send_lock = asyncio.Lock()
+        self._closing: asyncio.Task[None] | None = None
+        self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
+
+    async def run(self) -> None:
+        await self.websocket.accept()
+        age_limit = asyncio.get_running_loop().call_later(
+            self.settings.connection_max_age_s, self._start_close, CLOSE_GOING_AWAY, _age_limit_error()
+        )
+        try:
+            await self._receive_loop()
+        finally:
+            age_limit.cancel()
+            self.state = ConnectionState.CLOSED
+            await self._cancel_lanes()
+
+    async def _receive_loop(self) -> None:
+        while self.state is not ConnectionState.CLOSED:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            data = text if text is not None else message.get("bytes") or b""
+            self.shim.stats.bytes_received += len(data)
+            if self._oversize(data):
+                self._start_close(CLOSE_MESSAGE_TOO_BIG, _too_large_error(self.settings.max_frame_bytes))
+                continue
+            if self.state is ConnectionState.DRAINING:
+                await self.send(self._closing_error.event())
+                continue
+            await self._handle_frame(data)
+
+    def _oversize(self, data: str | bytes) -> bool:
+        limit = self.settings.max_frame_bytes
+        if len(data) * 4 <= limit:
+            return False
+        size = len(data.encode()) if isinstance(data, str) else len(data)
+        return size > limit
+
+    async def _handle_frame(self, data: str | bytes) -> None:
+        stream_id = None
+        try:
+            body = _decode(data)
+            stream_id = check_stream_id(body.get("stream_id"))
+            request = parse_create(body, websocket=True)
+        except APIError as error:
+            await self.send(_with_lane(error.event(), stream_id))
+            return
+        lane = self._lanes.get(stream_id)
+        if lane is None:
+            if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:
+                error = APIError(
+                    400,
+                    "websocket_stream_limit_reached",
+                    f"At most {self.settings.max_lanes} stream_id lanes may be active on one connection.",
+                    "stream_id",
+                )
+                await self.send(_with_lane(error.event(), stream_id))
+                return
+            lane = self._lanes[stream_id] = _Lane()
+        lane.queue.put_nowait(request)
+        if lane.worker is None:
+            lane.worker = asyncio.create_task(self._run_lane(stream_id, lane))
+
+    async def _run_lane(self, stream_id: str | None, lane: _Lane) -> None:
+        """Run the lane's requests in order; the lane goes away when its queue is empty."""
+        try:
+            while not lane.queue.empty():
+                request = lane.queue.get_nowait()
+                async with self._in_flight:
+                    await self._run_turn(request, stream_id)
+        finally:
+            if self._lanes.get(stream_id) is lane:
+                del self._lanes[stream_id]
+
+    async def _run_turn(self, request: Any, stream_id: str | None) -> None:
+        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id)
+        try:
+            async with contextlib.aclosing(turn.events()) as events:
+                async for event in events:
+                    await self.send(event)
+        except APIError as error:
+            await self.send(_with_lane(error.event(), stream_id))
+        finally:
+            self.shim.record_turn(turn)
+
+    async def send(self, event: dict[str, Any]) -> None:
+        text = orjson.dumps(event).decode()
+        async with self._send_lock:
+            if self.state is ConnectionState.CLOSED:
+                raise WebSocketDisconnect(1006)
+            await self.websocket.send_text(text)
+
+    def _start_close(self, code: int, error: APIError | None) -> None:
+        """Stop taking requests, let in-flight responses finish, then close with `code`."""
+        if self._closing is not None or self.state is ConnectionState.CLOSED:
+            return
+        self.state = ConnectionState.DRAINING
+        if error is not None:
+            self._closing_error = error
+        self._closing = asyncio.create_task(self._drain_and_close(code, error))
+
+    async def close(self, code: int = CLOSE_GOING_AWAY) -> None:
+        """Close from the server side (shutdown); waits for in-flight responses first."""
+        self._start_close(code, None)
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
+
+    async def _drain_and_close(self, code: int, error: APIError | None) -> None:
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker is not None]
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=self.settings.drain_timeout_s)
+            for task in pending:
+                task.cancel()
+        with contextlib.suppress(Exception):
+            if error is not None:
+                await self.send(error.event())
+            self.state = ConnectionState.CLOSED
+            await self.websocket.close(code)
+
+    async def _cancel_lanes(self) -> None:
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker is not None]
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if self._closing is not None and self._closing is not asyncio.current_task():
+            self._closing.cancel()
+            await asyncio.gather(self._closing, return_exceptions=True)
+
+
+def _decode(data: str | bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise invalid("invalid_json", f"The frame is not valid JSON: {exc}.") from None
+    if not isinstance(body, dict):
+        raise invalid("invalid_type", "Each frame must be a JSON object with a 'type'.")
+    kind = body.get("type")
+    if kind is None:
+        raise invalid("missing_required_parameter", "Missing required parameter: 'type'.", "type")
+    if kind != "response.create":
+        raise invalid(
+            "unknown_event_type",
+            f"Unsupported event type {kind!r}: this server accepts 'response.create'.",
+            "type",
+        )
+    return body
+
+
+def _with_lane(event: dict[str, Any], stream_id: str | None) -> dict[str, Any]:
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event
+
+
+def _age_limit_error() -> APIError:
+    return APIError(
+        400,
+        "websocket_connection_limit_reached",
+        "This connection reached its age limit; open a new connection to continue.",
+    )
+
+
+def _too_large_error(limit: int) -> APIError:
+    return APIError(
+        400,
+        "message_too_large",
+        f"The frame exceeds the {limit}-byte limit; this connection will close with code 1009.",
+    )
