@@ -42,10 +42,18 @@ def previous_response_not_found(response_id: str) -> APIError:
 class BackendError(Exception):
     """The backend failed: unreachable, an error status, or a stream cut short."""
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = True,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.retry_after_s = retry_after_s
 
     def api_error(self) -> APIError:
         if self.status == 429:

@@ -24,6 +24,8 @@ class BackendRequest:
     options: dict[str, Any] = field(default_factory=dict)
     cached_prefix_nbytes: int = 0
     """Bytes of the history already sent on an earlier turn: the part a prefix cache can reuse."""
+    deployment: str | None = None
+    """The conversation's route: in, the previous turn's deployment; out, the one that served."""
 
     def body(self, *, stream: bool = True, extra: dict[str, Any] | None = None) -> bytes:
         """The Chat Completions JSON body; the history is joined from cached bytes."""

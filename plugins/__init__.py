@@ -1,0 +1,8 @@
+"""The responses-ws extension layer (pluggy): hook specs, the manager, first-party plugins."""
+
+from __future__ import annotations
+
+from .hookspecs import hookimpl, hookspec
+from .manager import create_plugin_manager, describe, plugin_manager
+
+__all__ = ["create_plugin_manager", "describe", "hookimpl", "hookspec", "plugin_manager"]

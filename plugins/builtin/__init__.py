@@ -1,0 +1,1 @@
+"""First-party plugins, registered exactly like third-party ones."""

@@ -1,0 +1,25 @@
+"""Usage sink: logs each finished response's token usage at INFO on `responses_ws.usage`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..hookspecs import hookimpl
+
+log = logging.getLogger("responses_ws.usage")
+
+
+@hookimpl
+def responses_ws_response_finished(response: dict[str, Any], transport: str) -> None:
+    usage = response.get("usage") or {}
+    log.info(
+        "%s %s %s model=%s input_tokens=%s cached_tokens=%s output_tokens=%s",
+        transport,
+        response["id"],
+        response["status"],
+        response["model"],
+        usage.get("input_tokens"),
+        (usage.get("input_tokens_details") or {}).get("cached_tokens"),
+        usage.get("output_tokens"),
+    )

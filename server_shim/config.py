@@ -1,0 +1,137 @@
+"""The sidecar config file: server settings, deployments and the routing policy (TOML).
+
+Secrets never live in the file: a deployment names the environment variable that holds its key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .settings import SIMULATED, Settings
+
+DeploymentKind = Literal["openai_compatible", "cerebras", "responses", "simulated"]
+
+
+class Quirks(BaseModel):
+    """Per-deployment differences from the OpenAI wire format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drop_params: list[str] = Field(default_factory=list, description="request fields this server refuses")
+    tool_choice: list[str] | None = Field(
+        default=None, description="tool_choice modes it accepts (e.g. ['auto', 'none']); others map to 'auto'"
+    )
+    stream_usage: bool = Field(default=True, description="send stream_options.include_usage")
+    null_tool_content: bool = Field(default=False, description="send content: null (not '') with tool_calls")
+
+
+class DeploymentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: DeploymentKind
+    base_url: str | None = None
+    api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
+    api_key: str | None = Field(default=None, repr=False, description="prefer api_key_env; set by --backend-api-key")
+    models: dict[str, str] = Field(min_length=1, description="public model alias -> backend model name")
+    priority: int = 0
+    max_concurrency: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    timeout_s: float = 300.0
+    quirks: Quirks = Field(default_factory=Quirks)
+    simulated_ttft_s: float = 0.0
+    simulated_tokens_per_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _needs_url(self) -> DeploymentConfig:
+        if self.kind != "simulated" and not self.base_url:
+            raise ValueError(f"deployment {self.name!r}: kind {self.kind!r} needs a base_url")
+        return self
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            return os.environ[self.api_key_env]
+        return self.api_key
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["priority", "least_latency"] = "priority"
+    fast_lane: dict[str, str] = Field(
+        default_factory=dict, description="model alias -> deployment preferred while healthy and under its limits"
+    )
+    failure_threshold: int = Field(default=3, ge=1)
+    cooldown_s: float = Field(default=30.0, gt=0)
+    health_interval_s: float = Field(default=15.0, gt=0)
+    ewma_alpha: float = Field(default=0.3, gt=0, le=1)
+
+
+class ShimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: dict[str, Any] = Field(default_factory=dict)
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShimConfig:
+        names = [d.name for d in self.deployments]
+        if len(set(names)) != len(names):
+            raise ValueError("deployment names must be unique")
+        aliases = {alias for d in self.deployments for alias in d.models}
+        for alias, name in self.routing.fast_lane.items():
+            if name not in names:
+                raise ValueError(f"routing.fast_lane[{alias!r}] names unknown deployment {name!r}")
+            if alias not in aliases:
+                raise ValueError(f"routing.fast_lane names unknown model alias {alias!r}")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path) -> ShimConfig:
+        return cls.model_validate(tomllib.loads(Path(path).read_text()))
+
+    def settings(self, **overrides: Any) -> Settings:
+        values = dict(self.server)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return Settings(**values)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ShimConfig:
+        """The one-deployment config that `--backend` means when no file is given."""
+        if settings.backend == SIMULATED:
+            deployment = DeploymentConfig(
+                name="simulated",
+                kind="simulated",
+                models={settings.default_model: settings.default_model},
+                simulated_ttft_s=settings.simulated_ttft_s,
+                simulated_tokens_per_s=settings.simulated_tokens_per_s,
+            )
+        else:
+            deployment = DeploymentConfig(
+                name="default",
+                kind="openai_compatible",
+                base_url=settings.backend,
+                api_key=settings.backend_api_key,
+                models={"*": "*"},
+                timeout_s=settings.backend_timeout_s,
+            )
+        return cls(deployments=[deployment])
+
+    def routing_table(self) -> list[tuple[str, str, str, str]]:
+        """(alias, deployment, backend model, why) rows in the order the router tries them."""
+        rows = []
+        aliases = sorted({alias for d in self.deployments for alias in d.models})
+        for alias in aliases:
+            serving = sorted((d for d in self.deployments if alias in d.models), key=lambda d: -d.priority)
+            fast = self.routing.fast_lane.get(alias)
+            serving.sort(key=lambda d: d.name != fast)
+            for d in serving:
+                why = "fast lane" if d.name == fast else f"{self.routing.policy}, priority {d.priority}"
+                rows.append((alias, d.name, d.models[alias], why))
+        return rows

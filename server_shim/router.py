@@ -1,0 +1,275 @@
+"""Route each request to a deployment, and keep that choice for the rest of the conversation.
+
+The router is itself a `Backend`: the turn pipeline hands it a request whose `deployment`
+names the previous turn's choice (the conversation's sticky route). A sticky route is reused
+without resolving again while its deployment is healthy; otherwise the router resolves by
+model alias and policy. Failures before the first delta move on to the next candidate;
+after the first delta they surface, so no output is ever duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from .backends.base import Backend, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
+from .config import DeploymentConfig, RoutingConfig, ShimConfig
+from .errors import BackendError
+
+log = logging.getLogger(__name__)
+
+WILDCARD = "*"
+
+BackendFactory = Callable[[DeploymentConfig], Backend]
+
+
+@dataclass
+class Health:
+    """Circuit breaker and latency estimates for one deployment."""
+
+    failure_threshold: int
+    cooldown_s: float
+    alpha: float
+    consecutive_failures: int = 0
+    open_until: float = 0.0
+    limited_until: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+
+    @property
+    def available(self) -> bool:
+        now = time.monotonic()
+        return now >= self.open_until and now >= self.limited_until
+
+    @property
+    def state(self) -> str:
+        if time.monotonic() < self.open_until:
+            return "open"
+        return "half_open" if self.consecutive_failures >= self.failure_threshold else "closed"
+
+    def success(self, ttft_s: float | None = None, tokens_per_s: float | None = None) -> None:
+        self.consecutive_failures = 0
+        self.open_until = 0.0
+        if ttft_s is not None:
+            self.ttft_s = ttft_s if self.ttft_s is None else self.alpha * ttft_s + (1 - self.alpha) * self.ttft_s
+        if tokens_per_s is not None:
+            self.tokens_per_s = (
+                tokens_per_s
+                if self.tokens_per_s is None
+                else self.alpha * tokens_per_s + (1 - self.alpha) * self.tokens_per_s
+            )
+
+    def failure(self) -> None:
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failure_threshold:
+            self.open_until = time.monotonic() + self.cooldown_s
+
+    def rate_limited(self, retry_after_s: float) -> None:
+        self.limited_until = max(self.limited_until, time.monotonic() + retry_after_s)
+
+
+@dataclass
+class Deployment:
+    name: str
+    backend: Backend
+    models: dict[str, str]
+    health: Health
+    priority: int = 0
+    max_concurrency: int | None = None
+    tokens_per_minute: int | None = None
+    in_flight: int = 0
+    _tokens: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def serves(self, alias: str) -> bool:
+        return alias in self.models or WILDCARD in self.models
+
+    def backend_model(self, alias: str) -> str:
+        target = self.models.get(alias, self.models.get(WILDCARD, alias))
+        return alias if target == WILDCARD else target
+
+    def tokens_last_minute(self) -> int:
+        cutoff = time.monotonic() - 60
+        while self._tokens and self._tokens[0][0] < cutoff:
+            self._tokens.popleft()
+        return sum(n for _, n in self._tokens)
+
+    def record_tokens(self, tokens: int) -> None:
+        self._tokens.append((time.monotonic(), tokens))
+
+    @property
+    def has_capacity(self) -> bool:
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            return False
+        if self.tokens_per_minute is not None and self.tokens_last_minute() >= self.tokens_per_minute:
+            return False
+        rate_limit = getattr(self.backend, "rate_limit", None)
+        return rate_limit is None or not rate_limit.exhausted()
+
+
+@dataclass
+class RouterStats:
+    resolutions: int = 0
+    sticky_reuses: int = 0
+    failovers: int = 0
+
+
+class Router:
+    """A `Backend` over several deployments."""
+
+    name = "router"
+
+    def __init__(self, deployments: Sequence[Deployment], routing: RoutingConfig) -> None:
+        self.deployments = {d.name: d for d in deployments}
+        self.routing = routing
+        self.stats = RouterStats()
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def models(self) -> list[str]:
+        aliases = {alias for d in self.deployments.values() for alias in d.models if alias != WILDCARD}
+        if any(WILDCARD in d.models for d in self.deployments.values()):
+            for d in self.deployments.values():
+                if WILDCARD in d.models:
+                    with contextlib.suppress(BackendError):
+                        aliases.update(await d.backend.models())
+        return sorted(aliases)
+
+    def candidates(self, alias: str, sticky: str | None) -> list[Deployment]:
+        """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
+        if sticky is not None:
+            deployment = self.deployments.get(sticky)
+            if deployment is not None and deployment.health.available and deployment.serves(alias):
+                self.stats.sticky_reuses += 1
+                return [deployment, *(d for d in self._resolve(alias) if d is not deployment)]
+        self.stats.resolutions += 1
+        return self._resolve(alias)
+
+    def _resolve(self, alias: str) -> list[Deployment]:
+        serving = [d for d in self.deployments.values() if d.serves(alias)]
+        if self.routing.policy == "least_latency":
+            serving.sort(key=lambda d: (d.health.ttft_s or 0.0, -d.priority))
+        else:
+            serving.sort(key=lambda d: -d.priority)
+        fast = self.routing.fast_lane.get(alias)
+        usable = [d for d in serving if d.health.available and d.has_capacity]
+        usable.sort(key=lambda d: d.name != fast)
+        rest = [d for d in serving if d not in usable and d.health.available]
+        return usable + rest
+
+    async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
+        candidates = self.candidates(request.model, request.deployment)
+        if not candidates:
+            raise BackendError(f"no available deployment serves model {request.model!r}", status=503, retryable=False)
+        last_error: BackendError | None = None
+        for index, deployment in enumerate(candidates):
+            if index:
+                self.stats.failovers += 1
+                log.warning("failing over from %s to %s", candidates[index - 1].name, deployment.name)
+            started = False
+            try:
+                async for delta in self._stream_one(deployment, request):
+                    started = True
+                    yield delta
+                request.deployment = deployment.name
+                return
+            except BackendError as exc:
+                last_error = exc
+                if started or not exc.retryable:
+                    raise
+        assert last_error is not None
+        raise last_error
+
+    async def _stream_one(self, deployment: Deployment, request: BackendRequest) -> AsyncIterator[Delta]:
+        routed = replace(request, model=deployment.backend_model(request.model))
+        deployment.in_flight += 1
+        start = time.perf_counter()
+        first: float | None = None
+        pieces = 0
+        try:
+            async for delta in deployment.backend.stream(routed):
+                if isinstance(delta, (TextDelta, ToolCallDelta)):
+                    pieces += 1
+                    if first is None:
+                        first = time.perf_counter()
+                elif isinstance(delta, Usage):
+                    deployment.record_tokens(delta.input_tokens + delta.output_tokens)
+                yield delta
+        except BackendError as exc:
+            if exc.status == 429:
+                deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s)
+            else:
+                deployment.health.failure()
+            raise
+        finally:
+            deployment.in_flight -= 1
+        end = time.perf_counter()
+        ttft = (first - start) if first is not None else None
+        tps = pieces / (end - first) if first is not None and end > first and pieces > 1 else None
+        deployment.health.success(ttft, tps)
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every deployment once; a success closes its breaker, a failure counts."""
+        results: dict[str, bool] = {}
+        for deployment in self.deployments.values():
+            try:
+                await deployment.backend.models()
+            except BackendError:
+                deployment.health.failure()
+                results[deployment.name] = False
+            else:
+                deployment.health.success()
+                results[deployment.name] = True
+        return results
+
+    def start_health_checks(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.routing.health_interval_s)
+            await self.check_health()
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {
+            d.name: {
+                "available": d.health.available,
+                "breaker": d.health.state,
+                "in_flight": d.in_flight,
+                "ttft_s": d.health.ttft_s,
+                "tokens_per_s": d.health.tokens_per_s,
+            }
+            for d in self.deployments.values()
+        }
+
+    async def aclose(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await asyncio.gather(*(d.backend.aclose() for d in self.deployments.values()), return_exceptions=True)
+
+
+def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router:
+    """One backend per deployment, made by the factory registered for its kind."""
+    deployments = []
+    for spec in config.deployments:
+        factory = kinds.get(spec.kind)
+        if factory is None:
+            raise ValueError(f"deployment {spec.name!r}: no plugin provides backend kind {spec.kind!r}")
+        deployments.append(
+            Deployment(
+                name=spec.name,
+                backend=factory(spec),
+                models=dict(spec.models),
+                health=Health(config.routing.failure_threshold, config.routing.cooldown_s, config.routing.ewma_alpha),
+                priority=spec.priority,
+                max_concurrency=spec.max_concurrency,
+                tokens_per_minute=spec.tokens_per_minute,
+            )
+        )
+    return Router(deployments, config.routing)
