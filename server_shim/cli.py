@@ -1,4 +1,4 @@
-"""The `responses-ws` command: serve, demo."""
+"""The `responses-ws` command: serve, demo, check-config, plugins."""
 
 from __future__ import annotations
 
@@ -36,6 +36,34 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from .config import ShimConfig
+
+    try:
+        config = ShimConfig.load(args.file)
+    except (OSError, ValueError, ValidationError) as exc:
+        print(f"{args.file}: invalid config\n{exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: OK, {len(config.deployments)} deployment(s), policy {config.routing.policy}\n")
+    rows = [("model", "deployment", "backend model", "why"), *config.routing_table()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return 0
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from plugins import describe, plugin_manager
+
+    for row in describe(plugin_manager()):
+        print(f"{row['name']}  ({row['source']})")
+        for hook in row["hooks"]:
+            print(f"    {hook}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="responses-ws",
@@ -64,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
     demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
     demo.set_defaults(func=_demo)
+
+    check = sub.add_parser("check-config", help="validate a config file and print its routing table")
+    check.add_argument("file", help="TOML config file")
+    check.set_defaults(func=_check_config)
+
+    plugins = sub.add_parser("plugins", help="list loaded plugins and the hooks they implement")
+    plugins.set_defaults(func=_plugins)
     return parser
 
 

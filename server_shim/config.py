@@ -132,6 +132,6 @@ class ShimConfig(BaseModel):
             fast = self.routing.fast_lane.get(alias)
             serving.sort(key=lambda d: d.name != fast)
             for d in serving:
-                why = "fast lane" if d.name == fast else f"{self.routing.policy}, priority {d.priority}"
+                why = "fast lane" if d.name == fast else f"{self.routing.policy} (priority {d.priority})"
                 rows.append((alias, d.name, d.models[alias], why))
         return rows
