@@ -13,7 +13,7 @@ from . import hookspecs
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PLUGINS = ("plugins.builtin.usage_log",)
+DEFAULT_PLUGINS = ("plugins.builtin.backends", "plugins.builtin.usage_log")
 
 
 def create_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:

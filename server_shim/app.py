@@ -8,6 +8,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
@@ -15,12 +16,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from . import http
-from .backends import Backend, OpenAICompatibleBackend, SimulatedBackend
+from .backends import Backend
+from .config import ShimConfig
 from .errors import APIError
-from .settings import SIMULATED, Settings
+from .postinference import PostInference
+from .router import Router, build_router
+from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
-from .turn import Turn, TurnEnv, Validator
+from .turn import Classifier, Turn, TurnEnv, Validator
 from .ws import CLOSE_GOING_AWAY, ResponsesConnection
+
+if TYPE_CHECKING:
+    import pluggy
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +61,43 @@ class ShimState:
         await asyncio.gather(*(conn.close(code) for conn in list(self.connections)), return_exceptions=True)
 
 
-def build_backend(settings: Settings) -> Backend:
-    if settings.backend == SIMULATED:
-        return SimulatedBackend(
-            ttft_s=settings.simulated_ttft_s,
-            tokens_per_s=settings.simulated_tokens_per_s,
-            model=settings.default_model,
-        )
-    return OpenAICompatibleBackend(
-        settings.backend, api_key=settings.backend_api_key, timeout_s=settings.backend_timeout_s
-    )
-
-
 def create_app(
     settings: Settings | None = None,
     *,
+    config: ShimConfig | None = None,
     backend: Backend | None = None,
     store: ResponseStore | None = None,
     validators: Sequence[Validator] = (),
+    classifiers: Sequence[Classifier] = (),
+    plugin_manager: pluggy.PluginManager | None = None,
 ) -> Starlette:
-    settings = settings or Settings()
+    """The shim as an ASGI app.
+
+    Without `backend`, the deployments of `config` (or the one `settings.backend` names) are
+    built by the plugins' backend kinds and put behind the router. Validators, classifiers and
+    post-inference sinks come from the arguments plus every registered plugin.
+    """
+    from plugins import plugin_manager as default_manager
+
+    settings = settings or (config.settings() if config else Settings())
+    manager = plugin_manager or default_manager()
+    if backend is None:
+        kinds: dict[str, Any] = {}
+        for provided in manager.hook.responses_ws_backend_kinds():
+            kinds.update(provided)
+        backend = build_router(config or ShimConfig.from_settings(settings), kinds)
     env = TurnEnv(
-        backend=backend or build_backend(settings),
+        backend=backend,
         store=store or MemoryResponseStore(settings.store_max_responses),
-        validators=tuple(validators),
+        validators=[*validators, *_flatten(manager.hook.responses_ws_validators(settings=settings))],
+        classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
+        post_inference=PostInference(
+            [
+                lambda response, transport: manager.hook.responses_ws_response_finished(
+                    response=response, transport=transport
+                )
+            ]
+        ),
     )
     shim = ShimState(settings, env)
 
@@ -92,8 +112,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if isinstance(env.backend, Router):
+            env.backend.start_health_checks()
         yield
         await shim.close_connections()
+        await env.post_inference.aclose()
         await env.backend.aclose()
         await env.store.aclose()
 
@@ -104,6 +127,7 @@ def create_app(
         Route("/v1/responses/{response_id}", http.delete_response, methods=["DELETE"]),
         Route("/v1/models", http.list_models, methods=["GET"]),
         Route("/healthz", http.healthz, methods=["GET"]),
+        Route("/readyz", http.readyz, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.shim = shim
@@ -112,15 +136,21 @@ def create_app(
     return app
 
 
+def _flatten(groups: list[list[Any]]) -> list[Any]:
+    return [item for group in groups for item in group]
+
+
 class BearerAuth:
-    """Require `Authorization: Bearer <key>` on every route but `/healthz`; 401 at the upgrade."""
+    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade."""
+
+    OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
         self.keys = [key.encode() for key in keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] == "/healthz" or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.OPEN_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         denial = http.error_response(

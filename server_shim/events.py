@@ -182,6 +182,7 @@ def response_object(
     error: dict[str, Any] | None = None,
     incomplete_reason: str | None = None,
     created_at: float | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Response object as the API returns it, built from the request and the outcome."""
     now = time.time()
@@ -196,7 +197,7 @@ def response_object(
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
-        "metadata": request.metadata or {},
+        "metadata": {**(request.metadata or {}), **labels} if labels else (request.metadata or {}),
         "model": request.model,
         "output": output or [],
         "parallel_tool_calls": request.parallel_tool_calls is not False,

@@ -40,7 +40,7 @@ async def create_response(request: Request) -> Response:
         create = parse_create(body, websocket=False)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
-        turn = Turn(create, shim.env, cache=None)
+        turn = Turn(create, shim.env, cache=None, transport="http")
         await turn.prepare()
     except APIError as error:
         return error_response(error)
@@ -98,6 +98,15 @@ async def list_models(request: Request) -> Response:
 async def healthz(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
     return json_response({"status": "ok", "backend": shim.env.backend.name, "connections": len(shim.connections)})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready when at least one deployment can take traffic; the body shows each one."""
+    shim: ShimState = request.app.state.shim
+    status = getattr(shim.env.backend, "status", None)
+    deployments = status() if status else {shim.env.backend.name: {"available": True}}
+    ready = any(d["available"] for d in deployments.values())
+    return json_response({"ready": ready, "deployments": deployments}, 200 if ready else 503)
 
 
 def _not_found(response_id: str) -> APIError:

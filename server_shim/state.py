@@ -21,6 +21,7 @@ class ResponseState:
     chat_tools: list[dict[str, Any]] | None
     prompt: ChatPrompt
     call_ids: frozenset[str]
+    deployment: str | None = None
 
     @property
     def id(self) -> str:

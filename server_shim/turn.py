@@ -1,8 +1,8 @@
 """One turn as a pipeline: resolve -> validate new items -> render -> backend -> events -> finalize.
 
 Only this module knows the order of the stages. Each stage sees what it needs: validators
-get the new items and read-only previous state, the backend gets a rendered request.
-Nothing here touches a socket, so the WebSocket and HTTP paths share it.
+and classifiers get the new items and read-only previous state, the backend gets a rendered
+request. Nothing here touches a socket, so the WebSocket and HTTP paths share it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .backends.base import Backend, BackendRequest
 from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import Item, normalize_input, resolve_references, validate_items
+from .postinference import PostInference
 from .render import ChatPrompt, render_items
 from .requests import CreateRequest
 from .state import ConnectionCache, ResponseState, ResponseStore
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 Validator = Callable[[list[Item], ResponseState | None, CreateRequest], None]
 """Called with the new items only and the previous state (read-only); raises `APIError` to refuse."""
 
+Classifier = Callable[[list[Item]], dict[str, str]]
+"""Called with the new items only; returns labels added to the response metadata."""
+
 
 @dataclass
 class TurnEnv:
@@ -34,7 +38,8 @@ class TurnEnv:
     backend: Backend
     store: ResponseStore
     validators: Sequence[Validator] = ()
-    backend_model: Callable[[str], str] = field(default=lambda model: model)
+    classifiers: Sequence[Classifier] = ()
+    post_inference: PostInference = field(default_factory=PostInference)
 
 
 @dataclass(slots=True)
@@ -47,6 +52,8 @@ class _Plan:
     prompt: ChatPrompt
     call_ids: frozenset[str]
     cached_prefix_nbytes: int
+    deployment: str | None
+    labels: dict[str, str]
 
 
 @dataclass
@@ -68,10 +75,12 @@ class Turn:
         cache: ConnectionCache | None,
         *,
         stream_id: str | None = None,
+        transport: str = "websocket",
     ) -> None:
         self.request = request
         self.env = env
         self.cache = cache
+        self.transport = transport
         self.seq = EventSequence(stream_id)
         self.result = TurnResult()
         self._plan: _Plan | None = None
@@ -86,19 +95,21 @@ class Turn:
         introduced = validate_items(new_items, known_calls)
         for validator in self.env.validators:
             validator(new_items, previous, self.request)
+        labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
         if previous is not None:
             new_items = resolve_references(new_items, {i["id"]: i for i in previous.output_items if "id" in i})
         tools = self._chat_tools(previous)
-        tool_choice = chat_tool_choice(self.request.tool_choice, tools)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
         self._plan = _Plan(
-            new_items,
-            tools,
-            tool_choice,
-            base.extend(render_items(new_items)),
-            known_calls | introduced,
-            base.nbytes,
+            new_items=new_items,
+            tools=tools,
+            tool_choice=chat_tool_choice(self.request.tool_choice, tools),
+            prompt=base.extend(render_items(new_items)),
+            call_ids=known_calls | introduced,
+            cached_prefix_nbytes=base.nbytes,
+            deployment=previous.deployment if previous else None,
+            labels=labels,
         )
 
     async def events(self) -> AsyncIterator[Event]:
@@ -108,14 +119,14 @@ class Turn:
         request = self.request
         response_id = new_id("resp")
         created_at = time.time()
-        pending = response_object(response_id, request, status="in_progress", created_at=created_at)
+        pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
         yield self.seq("response.created", response=pending)
         yield self.seq("response.in_progress", response=pending)
 
         assembler = OutputAssembler(self.seq)
         if request.generate is not False:
             backend_request = BackendRequest(
-                model=self.env.backend_model(request.model),
+                model=request.model,
                 prompt=plan.prompt,
                 instructions=request.instructions,
                 tools=plan.tools,
@@ -123,6 +134,7 @@ class Turn:
                 max_output_tokens=request.max_output_tokens,
                 options=_sampling_options(request),
                 cached_prefix_nbytes=plan.cached_prefix_nbytes,
+                deployment=plan.deployment,
             )
             try:
                 async for delta in self.env.backend.stream(backend_request):
@@ -132,6 +144,7 @@ class Turn:
                 for event in self._fail(exc, assembler, response_id, created_at):
                     yield event
                 return
+            plan.deployment = backend_request.deployment
         incomplete = assembler.finish == "length"
         for event in assembler.close("incomplete" if incomplete else "completed"):
             yield event
@@ -143,10 +156,12 @@ class Turn:
             usage=assembler.usage,
             incomplete_reason="max_output_tokens" if incomplete else None,
             created_at=created_at,
+            labels=plan.labels,
         )
         await self._finalize(final, plan)
         self.result.response = final
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
+        self.env.post_inference.submit(final, self.transport)
 
     async def _resolve_previous(self) -> ResponseState | None:
         previous_id = self.request.previous_response_id
@@ -187,6 +202,7 @@ class Turn:
         self.result.error = error
         events.append(self.seq("response.failed", response=failed))
         events.append(self.seq("error", status=error.status, error=error.body()))
+        self.env.post_inference.submit(failed, self.transport)
         return events
 
     async def _finalize(self, response: dict, plan: _Plan) -> None:
@@ -199,6 +215,7 @@ class Turn:
             chat_tools=plan.tools,
             prompt=plan.prompt.extend(render_items(output)),
             call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] == "function_call"},
+            deployment=plan.deployment,
         )
         if self.cache is not None:
             self.cache.put(state)
