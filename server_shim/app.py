@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import inspect
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,13 +92,7 @@ def create_app(
         store=store or MemoryResponseStore(settings.store_max_responses),
         validators=[*validators, *_flatten(manager.hook.responses_ws_validators(settings=settings))],
         classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
-        post_inference=PostInference(
-            [
-                lambda response, transport: manager.hook.responses_ws_response_finished(
-                    response=response, transport=transport
-                )
-            ]
-        ),
+        post_inference=PostInference([_plugin_sink(manager)]),
     )
     shim = ShimState(settings, env)
 
@@ -138,6 +133,17 @@ def create_app(
 
 def _flatten(groups: list[list[Any]]) -> list[Any]:
     return [item for group in groups for item in group]
+
+
+def _plugin_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str], Awaitable[None]]:
+    """Every plugin's `responses_ws_response_finished`, awaiting those that return awaitables."""
+
+    async def sink(response: dict[str, Any], transport: str) -> None:
+        for result in manager.hook.responses_ws_response_finished(response=response, transport=transport):
+            if inspect.isawaitable(result):
+                await result
+
+    return sink
 
 
 class BearerAuth:

@@ -1,4 +1,4 @@
-"""Usage sink: logs each finished response's token usage at INFO on `responses_ws.usage`."""
+"""Usage sink: logs each finished response's token usage at DEBUG on `responses_ws.usage`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ log = logging.getLogger("responses_ws.usage")
 @hookimpl
 def responses_ws_response_finished(response: dict[str, Any], transport: str) -> None:
     usage = response.get("usage") or {}
-    log.info(
+    log.debug(
         "%s %s %s model=%s input_tokens=%s cached_tokens=%s output_tokens=%s",
         transport,
         response["id"],
