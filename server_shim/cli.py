@@ -64,6 +64,24 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """`python -m benchmarks` with the same arguments; the benchmarks live in the source checkout."""
+    try:
+        from benchmarks.cli import main as bench_main
+    except ImportError:
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parent.parent
+        if not (root / "benchmarks" / "cli.py").exists():
+            print(
+                "responses-ws bench: the benchmarks are not installed; run it from a source checkout", file=sys.stderr
+            )
+            return 2
+        sys.path.insert(0, str(root))
+        from benchmarks.cli import main as bench_main
+    return bench_main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="responses-ws",
@@ -99,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list loaded plugins and the hooks they implement")
     plugins.set_defaults(func=_plugins)
+
+    # Every argument goes to `python -m benchmarks` as given ('+' prefix: argparse leaves '--x' alone).
+    bench = sub.add_parser(
+        "bench",
+        help="run the benchmarks: bench [overhead|agent|relay|litellm ...] [--quick] [--out DIR] (bench --help)",
+        add_help=False,
+        prefix_chars="+",
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
     return parser
 
 

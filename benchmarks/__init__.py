@@ -1,0 +1,1 @@
+"""Benchmarks for responses-ws: `python -m benchmarks [suite ...] [--quick] [--out DIR]`."""

@@ -1,0 +1,155 @@
+"""The timed conversation loops, one per way of talking to a server, shared by the suites.
+
+Each runs `turns` turns of the shared sequence (benchmarks/turns.py) with the official SDK and
+returns one row per turn: the recorder's breakdown (common.Recorder) plus what the backend
+received when it runs in this process. The turn starts just before the SDK call and ends
+when the SDK hands over the parsed terminal event (`response.completed`, or the end of a
+Chat Completions stream).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from server_shim.backends import BackendRequest, TextDelta
+from server_shim.render import ChatPrompt
+
+from .common import Recorder, bounded, probe_websocket
+from .turns import MODEL, OUTPUT_TOKENS, as_input, assistant_message, expected_backend_messages, user_message
+
+TURN_TIMEOUT_S = 60.0
+
+
+def row(recorder: Recorder, turn: int) -> dict[str, Any]:
+    out: dict[str, Any] = recorder.breakdown()
+    out["backend_messages"] = recorder.backend_messages
+    out["expected_messages"] = expected_backend_messages(turn)
+    return out
+
+
+async def _ws_completed(conn: Any) -> Any:
+    async for event in conn:
+        if event.type == "response.completed":
+            return event.response
+        if event.type in ("error", "response.failed", "response.incomplete"):
+            raise RuntimeError(f"WebSocket turn failed: {str(event)[:500]}")
+    raise RuntimeError("the WebSocket closed before response.completed")
+
+
+async def websocket(
+    client: AsyncOpenAI, recorder: Recorder, turns: int, *, model: str = MODEL, chained: bool = True
+) -> list[dict[str, Any]]:
+    """SDK `responses.connect()`: `previous_response_id` + the new item, or (chained=False) the whole history."""
+    rows = []
+    async with client.responses.connect() as conn:
+        probe_websocket(conn, recorder)
+        previous: str | None = None
+        history: list[dict[str, Any]] = []
+        for turn in range(turns):
+            message = user_message(turn)
+            history.append(message)
+            extra: dict[str, Any] = {"previous_response_id": previous} if chained and previous else {}
+            items: Any = [message] if chained else history  # plain dicts, as agents build them
+            recorder.reset()
+            recorder.mark("start")
+            await conn.response.create(
+                model=model,
+                input=items,
+                store=False,
+                max_output_tokens=OUTPUT_TOKENS,
+                **extra,
+            )
+            response = await bounded(_ws_completed(conn), TURN_TIMEOUT_S, f"WebSocket turn {turn + 1}")
+            recorder.mark("end")
+            rows.append(row(recorder, turn))
+            previous = response.id
+            history += as_input(response.output)
+    return rows
+
+
+async def _http_completed(stream: Any, recorder: Recorder) -> Any:
+    """Read the SSE stream to its end; the turn ends when `response.completed` is parsed."""
+    response = None
+    async for event in stream:
+        if event.type == "response.completed":
+            recorder.mark("end")
+            response = event.response
+        elif event.type in ("error", "response.failed", "response.incomplete"):
+            raise RuntimeError(f"HTTP turn failed: {str(event)[:500]}")
+    if response is None:
+        raise RuntimeError("the HTTP stream ended before response.completed")
+    return response
+
+
+async def http_responses(
+    client: AsyncOpenAI, recorder: Recorder, turns: int, *, model: str = MODEL, chained: bool = False
+) -> list[dict[str, Any]]:
+    """SDK `responses.create(stream=True)`: stateless with the whole history (`store: false`),
+    or chained with `previous_response_id` + the new item (`store: true`)."""
+    rows = []
+    previous: str | None = None
+    history: list[dict[str, Any]] = []
+    for turn in range(turns):
+        message = user_message(turn)
+        history.append(message)
+        extra: dict[str, Any] = {"previous_response_id": previous} if chained and previous else {}
+        items: Any = [message] if chained else history
+        recorder.reset()
+        recorder.mark("start")
+        stream = await client.responses.create(
+            model=model,
+            input=items,
+            store=chained,
+            stream=True,
+            max_output_tokens=OUTPUT_TOKENS,
+            **extra,
+        )
+        response = await bounded(_http_completed(stream, recorder), TURN_TIMEOUT_S, f"HTTP turn {turn + 1}")
+        rows.append(row(recorder, turn))
+        previous = response.id
+        history += as_input(response.output)
+    return rows
+
+
+async def chat_completions(
+    client: AsyncOpenAI, recorder: Recorder, turns: int, *, model: str = MODEL
+) -> list[dict[str, Any]]:
+    """SDK `chat.completions.create(stream=True)` with the whole history, as a client without the shim would."""
+    rows = []
+    messages: list[Any] = []
+
+    async def read(stream: Any) -> str:
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    for turn in range(turns):
+        messages.append(user_message(turn))
+        recorder.reset()
+        recorder.mark("start")
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, stream=True, max_tokens=OUTPUT_TOKENS
+        )  # type: ignore[call-overload]
+        text = await bounded(read(stream), TURN_TIMEOUT_S, f"chat completions turn {turn + 1}")
+        recorder.mark("end")
+        rows.append(row(recorder, turn))
+        messages.append(assistant_message(text))
+    return rows
+
+
+async def backend_inprocess(
+    backend: Any, recorder: Recorder, turns: int, *, model: str = MODEL
+) -> list[dict[str, Any]]:
+    """The backend's `stream()` called in this process: the floor, no server, no client SDK."""
+    rows = []
+    prompt = ChatPrompt()
+    for turn in range(turns):
+        prompt = prompt.extend([user_message(turn)])
+        request = BackendRequest(model=model, prompt=prompt, max_output_tokens=OUTPUT_TOKENS)
+        recorder.reset()
+        recorder.mark("start")
+        text = [d.text async for d in backend.stream(request) if isinstance(d, TextDelta)]
+        recorder.mark("end")
+        rows.append(row(recorder, turn))
+        prompt = prompt.extend([assistant_message("".join(text))])
+    return rows

@@ -1,0 +1,156 @@
+"""The benchmarks run end to end in their tiny setting and write well-formed results.
+
+Timing belongs to the benchmark: nothing here asserts a figure, only that each suite ran,
+measured what it says it measures, and wrote standard JSON (and a PNG when matplotlib is there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STATS_KEYS = {"n", "median", "p90", "p99", "mean", "min", "max"}
+
+
+def _strict_json(path: Path) -> Any:
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{path.name}: non-standard JSON constant {name}")
+
+    return json.loads(path.read_text(), parse_constant=no_constants)
+
+
+def _is_stats(value: Any) -> bool:
+    return isinstance(value, dict) and value.keys() >= STATS_KEYS
+
+
+def _check_targets(result: dict[str, Any]) -> None:
+    assert result["targets"], "each suite evaluates its targets"
+    for target in result["targets"]:
+        assert {"target", "measured", "threshold", "op", "met"} <= target.keys()
+        assert target["met"] in (True, False, None)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "overhead", "agent", "relay", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
+    return out, done
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_writes_summary_and_reports_progress(
+    quick_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, done = quick_run
+    summary = _strict_json(out / "summary.json")
+    assert set(summary["suites"]) == {"overhead", "agent", "relay"}
+    assert summary["failed"] == {}
+    assert summary["quick"] is True
+    assert "[bench" in done.stderr, "progress goes to stderr"
+    assert "targets" in done.stdout and (out / "summary.txt").read_text().strip()
+
+
+@pytest.mark.timeout(300)
+def test_overhead_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = quick_run
+    result = _strict_json(out / "overhead.json")
+    turns = result["config"]["turns"]
+    assert result["config"]["quick"] is True
+    assert set(result["alternatives"]) == {
+        "websocket",
+        "http_chained",
+        "http_stateless",
+        "backend_http",
+        "backend_inprocess",
+    }
+    for name, alt in result["alternatives"].items():
+        assert len(alt["per_turn"]) == turns
+        assert [p["turn"] for p in alt["per_turn"]] == list(range(1, turns + 1))
+        assert _is_stats(alt["per_turn"][-1]["overhead_ms"])
+        assert _is_stats(alt["all_turns"]["overhead_ms"])
+        assert alt["all_turns"]["overhead_ms"]["n"] == turns * result["config"]["repeats"]
+        assert alt["backend_got_full_history"] is True, name
+        assert len(alt["samples_overhead_ms"]) == result["config"]["repeats"]
+    # the client/wire/server split is measured for every alternative that goes through a server
+    for name in ("websocket", "http_chained", "http_stateless", "backend_http"):
+        parts = result["alternatives"][name]["last_window"]
+        for part in ("client_prepare_ms", "request_wire_ms", "server_ms", "response_wire_ms", "client_parse_ms"):
+            assert parts[part]["n"] > 0, (name, part)
+    assert result["ratios"] and all(_is_stats(r["paired"]) and r["paired"]["n"] > 0 for r in result["ratios"])
+    assert _is_stats(result["added_latency_ms"]["websocket_minus_backend_inprocess"])
+    _check_targets(result)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(300)
+def test_agent_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = quick_run
+    result = _strict_json(out / "agent.json")
+    assert {"http", "websocket"} <= set(result["variants"])
+    for variant in result["variants"].values():
+        assert _is_stats(variant["total_s"]) and variant["total_s"]["n"] == result["config"]["repeats"]
+        assert len(variant["per_turn"]) == result["config"]["turns"]
+        assert variant["same_outputs_as_baseline"] is True
+        assert variant["bytes_sent"]["median"] > 0
+    pairs = {(c["numerator"], c["denominator"]) for c in result["comparisons"]}
+    assert ("websocket", "http") in pairs
+    _check_targets(result)
+
+
+@pytest.mark.timeout(300)
+def test_relay_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = quick_run
+    result = _strict_json(out / "relay.json")
+    for kind in ("websocket", "http_sse"):
+        through = result["throughput"][kind]
+        assert through["complete"] is True, "every delta sent arrived"
+        assert _is_stats(through["deltas_per_s"])
+    idle = result["idle"]
+    assert idle["connections_held"] == result["config"]["idle_connections"]
+    assert idle["server_reported_connections"] == idle["connections_held"]
+    assert idle["rss_held_bytes"] > 0 and idle["rss_baseline_bytes"] > 0
+    _check_targets(result)
+
+
+def test_cli_bench_passes_arguments_through() -> None:
+    from server_shim.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "overhead", "--quick", "--out", "/tmp/x"])
+    assert args.bench_args == ["overhead", "--quick", "--out", "/tmp/x"]
+
+
+def test_unknown_suite_is_refused() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.cli import main
+
+    assert main(["no-such-suite"]) == 2
+
+
+def test_statistics_helpers() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import paired_ratios, percentile, summarize
+
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    stats = summarize([3.0, None, 1.0, 2.0])
+    assert stats["n"] == 3 and stats["median"] == 2.0 and stats["max"] == 3.0
+    assert summarize([])["median"] is None
+    assert paired_ratios([2.0, None, 3.0], [1.0, 1.0, 0.0]) == [2.0]
