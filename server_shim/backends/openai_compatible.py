@@ -1,4 +1,20 @@
-"""Any server that speaks OpenAI Chat Completions with streaming (vLLM, SGLang, Ollama, llama.cpp)."""
+"""Any server that speaks OpenAI Chat Completions with streaming (vLLM, SGLang, Ollama, llama.cpp).
+
+What differs between those servers, and how this module copes (measured against
+llama-cpp-python 0.3.36; the others from their documentation):
+- Usage: some servers send a usage chunk when asked (`stream_options.include_usage`),
+  llama.cpp never does. Without one, output tokens are counted as the chunks that carried
+  content or a tool-call piece (these servers stream one token per chunk; llama.cpp sends
+  an empty-content chunk for a token whose bytes end mid-character), or a bytes/4 estimate
+  when that is larger; input tokens are estimated from the prompt's size.
+- `stream_options`: llama.cpp ignores it; a server that refuses it with 400/422 is asked
+  again without it, and never asked with it again.
+- Tool calls: llama.cpp repeats the call's id and name on every chunk (the assembler keeps
+  the first); some servers finish a forced call with `stop`, reported here as `tool_calls`.
+- Failures: a refused connection, an error status (llama.cpp answers a request it cannot
+  validate with 500), an in-band error chunk, a malformed chunk, or a stream that ends
+  without a finish reason all raise `BackendError`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+import orjson
 
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
@@ -28,6 +45,8 @@ class OpenAICompatibleBackend:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
+        self.sends_stream_options = True
+        """Cleared, for good, the first time the server refuses `stream_options`."""
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -54,18 +73,25 @@ class OpenAICompatibleBackend:
         return [entry["id"] for entry in loads(response.content).get("data", [])]
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
-        body = request.body(stream=True)
         try:
-            async with self._client.stream("POST", "/chat/completions", content=body) as response:
-                if response.status_code != 200:
+            while True:
+                with_options = self.sends_stream_options
+                body = request.body(stream=True) if with_options else request.body(stream=False, extra={"stream": True})
+                async with self._client.stream("POST", "/chat/completions", content=body) as response:
+                    if response.status_code == 200:
+                        async for delta in _parse_stream(response.aiter_lines(), request):
+                            yield delta
+                        return
                     detail = (await response.aread()).decode(errors="replace")[:500]
+                    if with_options and response.status_code in (400, 422) and "stream_options" in detail:
+                        log.warning("backend %s refuses stream_options; no longer sending it", self.base_url)
+                        self.sends_stream_options = False
+                        continue
                     raise BackendError(
                         f"backend answered HTTP {response.status_code}: {detail}",
                         status=response.status_code,
                         retryable=response.status_code >= 500 or response.status_code == 429,
                     )
-                async for delta in _parse_stream(response.aiter_lines(), request):
-                    yield delta
         except httpx2.HTTPError as exc:
             raise BackendError(f"backend {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -74,16 +100,19 @@ async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> A
     """Turn SSE chunk lines into deltas; count tokens ourselves when the backend sends no usage."""
     finish: str | None = None
     usage: Usage | None = None
-    output_chars = 0
-    done = False
+    pieces = output_chars = 0
+    saw_calls = done = False
     async for line in lines:
         if not line.startswith("data:"):
-            continue
+            continue  # blank separators, `event:` lines and `: ping` comments
         data = line[5:].strip()
         if data == "[DONE]":
             done = True
             break
-        chunk = loads(data)
+        try:
+            chunk = loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(f"backend sent a malformed stream chunk: {data[:200]!r}") from exc
         if "error" in chunk:
             raise BackendError(f"backend stream error: {chunk['error']}")
         if chunk.get("usage"):
@@ -91,20 +120,24 @@ async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> A
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             content = delta.get("content")
-            if content:
+            if content or (content == "" and "role" not in delta):  # an opening role chunk is no token
+                pieces += 1
                 output_chars += len(content)
-                yield TextDelta(content)
+                if content:
+                    yield TextDelta(content)
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
                 arguments = function.get("arguments") or ""
+                pieces += 1
                 output_chars += len(arguments)
+                saw_calls = True
                 yield ToolCallDelta(call.get("index", 0), arguments, call.get("id"), function.get("name"))
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
     if not done and finish is None:
         raise BackendError("backend stream ended before the response finished")
-    yield usage or Usage(request.estimate_input_tokens(), estimate_tokens(output_chars))
-    yield Finish(finish or "stop")
+    yield usage or Usage(request.estimate_input_tokens(), max(pieces, estimate_tokens(output_chars)))
+    yield Finish("tool_calls" if saw_calls and finish in (None, "stop") else finish or "stop")
 
 
 def _usage(raw: dict[str, Any]) -> Usage:
