@@ -27,7 +27,6 @@ class Quirks(BaseModel):
         default=None, description="tool_choice modes it accepts (e.g. ['auto', 'none']); others map to 'auto'"
     )
     stream_usage: bool = Field(default=True, description="send stream_options.include_usage")
-    null_tool_content: bool = Field(default=False, description="send content: null (not '') with tool_calls")
 
 
 class DeploymentConfig(BaseModel):
@@ -43,7 +42,10 @@ class DeploymentConfig(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     timeout_s: float = 300.0
-    quirks: Quirks = Field(default_factory=Quirks)
+    quirks: Quirks | None = Field(default=None, description="defaults per kind; cerebras has its own")
+    rate_limit_reserve_tokens: int = Field(
+        default=2048, ge=0, description="route elsewhere when the backend reports fewer tokens left this minute"
+    )
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
 

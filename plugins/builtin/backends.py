@@ -28,10 +28,43 @@ def openai_compatible(spec: DeploymentConfig) -> Backend:
 
     assert spec.base_url is not None
     return OpenAICompatibleBackend(
+        spec.base_url,
+        api_key=spec.resolved_api_key(),
+        timeout_s=spec.timeout_s,
+        name=spec.name,
+        quirks=spec.quirks,
+        rate_limit_reserve_tokens=spec.rate_limit_reserve_tokens,
+    )
+
+
+def cerebras(spec: DeploymentConfig) -> Backend:
+    from server_shim.backends.cerebras import CerebrasBackend
+
+    assert spec.base_url is not None
+    return CerebrasBackend(
+        spec.base_url,
+        api_key=spec.resolved_api_key(),
+        timeout_s=spec.timeout_s,
+        name=spec.name,
+        quirks=spec.quirks,
+        rate_limit_reserve_tokens=spec.rate_limit_reserve_tokens,
+    )
+
+
+def responses(spec: DeploymentConfig) -> Backend:
+    from server_shim.backends.responses_passthrough import ResponsesPassthroughBackend
+
+    assert spec.base_url is not None
+    return ResponsesPassthroughBackend(
         spec.base_url, api_key=spec.resolved_api_key(), timeout_s=spec.timeout_s, name=spec.name
     )
 
 
 @hookimpl
 def responses_ws_backend_kinds() -> dict[str, Callable[[DeploymentConfig], Backend]]:
-    return {"simulated": simulated, "openai_compatible": openai_compatible}
+    return {
+        "simulated": simulated,
+        "openai_compatible": openai_compatible,
+        "cerebras": cerebras,
+        "responses": responses,
+    }

@@ -14,19 +14,26 @@ llama-cpp-python 0.3.36; the others from their documentation):
 - Failures: a refused connection, an error status (llama.cpp answers a request it cannot
   validate with 500), an in-band error chunk, a malformed chunk, or a stream that ends
   without a finish reason all raise `BackendError`.
+- Per-deployment quirks (`Quirks`): request fields a server refuses are dropped, and
+  `tool_choice` modes it lacks map to `auto`, each with a DEBUG log.
+- Rate limits: `x-ratelimit-*` headers are read on every answer (`RateLimitState`), so the
+  router can route elsewhere before a 429; a 429 carries its retry delay.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx2
 import orjson
 
+from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
+from .rate_limits import RateLimitState
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +49,14 @@ class OpenAICompatibleBackend:
         timeout_s: float = 300.0,
         name: str = "openai_compatible",
         max_connections: int = 100,
+        quirks: Quirks | None = None,
+        rate_limit_reserve_tokens: int = 2048,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
-        self.sends_stream_options = True
+        self.quirks = quirks or Quirks()
+        self.rate_limit = RateLimitState(reserve_tokens=rate_limit_reserve_tokens)
+        self.sends_stream_options = self.quirks.stream_usage
         """Cleared, for good, the first time the server refuses `stream_options`."""
         headers = {"content-type": "application/json"}
         if api_key:
@@ -76,8 +87,9 @@ class OpenAICompatibleBackend:
         try:
             while True:
                 with_options = self.sends_stream_options
-                body = request.body(stream=True) if with_options else request.body(stream=False, extra={"stream": True})
+                body = self._body(request, with_options)
                 async with self._client.stream("POST", "/chat/completions", content=body) as response:
+                    self.rate_limit.update(response.headers)
                     if response.status_code == 200:
                         async for delta in _parse_stream(response.aiter_lines(), request):
                             yield delta
@@ -91,9 +103,30 @@ class OpenAICompatibleBackend:
                         f"backend answered HTTP {response.status_code}: {detail}",
                         status=response.status_code,
                         retryable=response.status_code >= 500 or response.status_code == 429,
+                        retry_after_s=self.rate_limit.retry_after(response.headers)
+                        if response.status_code == 429
+                        else None,
                     )
         except httpx2.HTTPError as exc:
             raise BackendError(f"backend {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _body(self, request: BackendRequest, with_stream_options: bool) -> bytes:
+        """The request body with this deployment's quirks applied."""
+        quirks = self.quirks
+        if quirks.drop_params:
+            dropped = [key for key in quirks.drop_params if key in request.options]
+            if dropped:
+                log.debug("%s: dropping %s, which this backend refuses", self.name, dropped)
+                request = replace(request, options={k: v for k, v in request.options.items() if k not in dropped})
+        choice = request.tool_choice
+        if quirks.tool_choice is not None and choice is not None:
+            mode = choice if isinstance(choice, str) else "named"
+            if mode not in quirks.tool_choice:
+                log.debug("%s: tool_choice %r unsupported here, sending 'auto'", self.name, mode)
+                request = replace(request, tool_choice="auto")
+        if with_stream_options:
+            return request.body(stream=True)
+        return request.body(stream=False, extra={"stream": True})
 
 
 async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> AsyncIterator[Delta]:

@@ -1,0 +1,85 @@
+"""The `responses` pass-through backend, with another real shim on loopback as its upstream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from server_shim import BackgroundServer, Settings, create_app
+from server_shim.config import ShimConfig
+
+TOOL = {
+    "type": "function",
+    "name": "lookup",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+}
+
+
+@pytest.fixture
+def shims() -> Iterator[tuple[BackgroundServer, BackgroundServer, list[dict[str, Any]]]]:
+    """An upstream shim on the simulator, and a front shim that passes through to it."""
+    seen: list[dict[str, Any]] = []
+
+    def record(new_items, previous, request):
+        seen.append({"items": list(new_items), "previous": request.previous_response_id, "store": request.store})
+
+    upstream_settings = Settings()
+    with BackgroundServer(create_app(upstream_settings, validators=[record]), upstream_settings) as upstream:
+        cfg = ShimConfig.model_validate(
+            {
+                "deployments": [
+                    {"name": "up", "kind": "responses", "base_url": upstream.base_url, "models": {"m": "simulated-1"}}
+                ]
+            }
+        )
+        with BackgroundServer(create_app(cfg.settings(), config=cfg), cfg.settings()) as front:
+            yield front, upstream, seen
+
+
+async def test_text_function_call_and_chained_turns_pass_through(shims):
+    front, _, seen = shims
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client, client.responses.connect() as conn:
+        await conn.response.create(
+            model="m", input="step one\ncall lookup " + json.dumps({"n": 3}), tools=[TOOL], instructions="be brief"
+        )
+        async for event in conn:
+            if event.type == "response.completed":
+                first = event.response
+                break
+        call = first.output[0]
+        assert call.type == "function_call" and call.name == "lookup" and json.loads(call.arguments) == {"n": 3}
+
+        await conn.response.create(
+            model="m",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "record 3"}],
+            tools=[TOOL],
+        )
+        async for event in conn:
+            if event.type == "response.completed":
+                second = event.response
+                break
+    assert "record 3" in second.output_text
+    assert second.usage.input_tokens > 0
+    # The upstream is stateless: it got the whole conversation each time, with store false.
+    assert [len(turn["items"]) for turn in seen] == [1, 3]
+    assert all(turn["previous"] is None and turn["store"] is False for turn in seen)
+    assert seen[1]["items"][1]["type"] == "function_call"
+
+
+async def test_upstream_down_is_a_backend_error_and_the_connection_survives(shims):
+    front, upstream, _ = shims
+    upstream.stop()
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client, client.responses.connect() as conn:
+        await conn.response.create(model="m", input="hello")
+        types = []
+        async for event in conn:
+            types.append(event.type)
+            if event.type == "error":
+                assert event.error.code == "backend_error"
+                break
+        assert types[-2:] == ["response.failed", "error"]
