@@ -39,6 +39,11 @@ def previous_response_not_found(response_id: str) -> APIError:
     )
 
 
+def internal_error() -> APIError:
+    """A bug on our side (a plugin or backend raised something unexpected): reported, never a hang."""
+    return APIError(500, "server_error", "The server had an error while processing your request.", type="server_error")
+
+
 class BackendError(Exception):
     """The backend failed: unreachable, an error status, or a stream cut short."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -10,12 +11,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from .errors import APIError, invalid
+from .errors import APIError, internal_error, invalid
 from .requests import parse_create
 from .turn import Turn
 
 if TYPE_CHECKING:
     from .app import ShimState
+
+log = logging.getLogger(__name__)
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -44,26 +47,55 @@ async def create_response(request: Request) -> Response:
         await turn.prepare()
     except APIError as error:
         return error_response(error)
+    except Exception:
+        log.exception("request refused by an unexpected error")
+        return error_response(internal_error())
     if create.stream:
         return StreamingResponse(_sse(turn, shim), media_type="text/event-stream")
     terminal: dict[str, Any] | None = None
-    async with contextlib.aclosing(turn.events()) as events:
-        async for event in events:
-            if event["type"] in ("response.completed", "response.incomplete"):
-                terminal = event["response"]
-    shim.record_turn(turn)
+    try:
+        async with contextlib.aclosing(turn.events()) as events:
+            async for event in events:
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    terminal = event["response"]
+    except Exception:
+        log.exception("turn failed unexpectedly")
+        return error_response(internal_error())
+    finally:
+        shim.record_turn(turn)
     if turn.result.error is not None:
         return error_response(turn.result.error)
     return json_response(terminal)
 
 
 async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:
+    next_sequence = 0
     try:
         async with contextlib.aclosing(turn.events()) as events:
             async for event in events:
-                yield b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+                next_sequence = event["sequence_number"] + 1
+                yield _sse_frame(_sse_error(event) if event["type"] == "error" else event)
+    except Exception:
+        log.exception("turn failed unexpectedly")
+        yield _sse_frame(_sse_error({"sequence_number": next_sequence, **internal_error().event()}))
     finally:
         shim.record_turn(turn)
+
+
+def _sse_frame(event: dict[str, Any]) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _sse_error(event: dict[str, Any]) -> dict[str, Any]:
+    """The HTTP stream's error event is flat (`ResponseErrorEvent`), unlike the WebSocket one."""
+    error = event["error"]
+    return {
+        "type": "error",
+        "sequence_number": event["sequence_number"],
+        "code": error["code"],
+        "message": error["message"],
+        "param": error["param"],
+    }
 
 
 async def get_response(request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 
@@ -41,7 +42,8 @@ def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvic
 def serve(settings: Settings, *, log_level: str = "info") -> None:
     app = create_app(settings)
     server = ShimServer(uvicorn_config(app, settings, log_level=log_level), app.state.shim)
-    asyncio.run(server.serve())
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
+        asyncio.run(server.serve())
 
 
 class BackgroundServer:

@@ -7,6 +7,7 @@ request. Nothing here touches a socket, so the WebSocket and HTTP paths share it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -96,8 +97,8 @@ class Turn:
         for validator in self.env.validators:
             validator(new_items, previous, self.request)
         labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
-        if previous is not None:
-            new_items = resolve_references(new_items, {i["id"]: i for i in previous.output_items if "id" in i})
+        known_items = {i["id"]: i for i in previous.output_items if "id" in i} if previous else {}
+        new_items = resolve_references(new_items, known_items)
         tools = self._chat_tools(previous)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
@@ -111,6 +112,8 @@ class Turn:
             deployment=previous.deployment if previous else None,
             labels=labels,
         )
+        if previous is not None and self.cache is not None and previous.id not in self.cache:
+            self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
 
     async def events(self) -> AsyncIterator[Event]:
         await self.prepare()
@@ -136,12 +139,19 @@ class Turn:
                 cached_prefix_nbytes=plan.cached_prefix_nbytes,
                 deployment=plan.deployment,
             )
+            failure: BackendError | None = None
             try:
-                async for delta in self.env.backend.stream(backend_request):
-                    for event in assembler.feed(delta):
-                        yield event
+                async with contextlib.aclosing(self.env.backend.stream(backend_request)) as deltas:
+                    async for delta in deltas:
+                        for event in assembler.feed(delta):
+                            yield event
             except BackendError as exc:
-                for event in self._fail(exc, assembler, response_id, created_at):
+                failure = exc
+            except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
+                log.exception("backend %s raised unexpectedly", self.env.backend.name)
+                failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
+            if failure is not None:
+                for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
                 return
             plan.deployment = backend_request.deployment
@@ -172,8 +182,6 @@ class Turn:
             state = await self.env.store.load(previous_id)
             if state is None:
                 raise previous_response_not_found(previous_id)
-            if self.cache is not None:
-                self.cache.put(state)
         return state
 
     def _chat_tools(self, previous: ResponseState | None) -> list | None:

@@ -2,7 +2,8 @@
 
 One `ResponsesConnection` per socket. Requests on one lane (`stream_id`, or the default
 lane) run in order; lanes run concurrently up to `max_in_flight` responses. Malformed
-frames get an `error` event and the connection carries on.
+frames get an `error` event, in the order of the lane they name (the default lane when
+they name none), and the connection carries on.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .errors import APIError, invalid
-from .requests import check_stream_id, parse_create
+from .errors import APIError, internal_error, invalid
+from .requests import CreateRequest, check_stream_id, parse_create
 from .state import ConnectionCache
 from .turn import Turn
 
@@ -40,7 +41,7 @@ class ConnectionState(enum.Enum):
 
 @dataclass
 class _Lane:
-    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[CreateRequest | APIError] = field(default_factory=asyncio.Queue)
     worker: asyncio.Task[None] | None = None
 
 
@@ -78,8 +79,9 @@ class ResponsesConnection:
                 return
             text = message.get("text")
             data = text if text is not None else message.get("bytes") or b""
-            self.shim.stats.bytes_received += len(data)
-            if self._oversize(data):
+            size = _nbytes(data)
+            self.shim.stats.bytes_received += size
+            if size > self.settings.max_frame_bytes:
                 self._start_close(CLOSE_MESSAGE_TOO_BIG, _too_large_error(self.settings.max_frame_bytes))
                 continue
             if self.state is ConnectionState.DRAINING:
@@ -87,22 +89,15 @@ class ResponsesConnection:
                 continue
             await self._handle_frame(data)
 
-    def _oversize(self, data: str | bytes) -> bool:
-        limit = self.settings.max_frame_bytes
-        if len(data) * 4 <= limit:
-            return False
-        size = len(data.encode()) if isinstance(data, str) else len(data)
-        return size > limit
-
     async def _handle_frame(self, data: str | bytes) -> None:
         stream_id = None
+        request: CreateRequest | APIError
         try:
             body = _decode(data)
             stream_id = check_stream_id(body.get("stream_id"))
             request = parse_create(body, websocket=True)
         except APIError as error:
-            await self.send(_with_lane(error.event(), stream_id))
-            return
+            request = error  # refused in lane order, after the requests queued before it
         lane = self._lanes.get(stream_id)
         if lane is None:
             if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:
@@ -124,6 +119,9 @@ class ResponsesConnection:
         try:
             while not lane.queue.empty():
                 request = lane.queue.get_nowait()
+                if isinstance(request, APIError):
+                    await self.send(_with_lane(request.event(), stream_id))
+                    continue
                 async with self._in_flight:
                     await self._run_turn(request, stream_id)
         finally:
@@ -138,6 +136,11 @@ class ResponsesConnection:
                     await self.send(event)
         except APIError as error:
             await self.send(_with_lane(error.event(), stream_id))
+        except WebSocketDisconnect:
+            raise
+        except Exception:
+            log.exception("turn failed unexpectedly")
+            await self.send(_with_lane(internal_error().event(), stream_id))
         finally:
             self.shim.record_turn(turn)
 
@@ -183,6 +186,11 @@ class ResponsesConnection:
         if self._closing is not None and self._closing is not asyncio.current_task():
             self._closing.cancel()
             await asyncio.gather(self._closing, return_exceptions=True)
+
+
+def _nbytes(data: str | bytes) -> int:
+    """The frame's size on the wire (UTF-8 for text frames), for the size limit and the byte counter."""
+    return len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
 
 
 def _decode(data: str | bytes) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""Shared fixtures: real uvicorn servers on free loopback ports and the official `openai` clients."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from support.wire import API_KEY
+
+from server_shim import BackgroundServer, Settings, create_app
+from server_shim.requests import CreateRequest
+from server_shim.state import ResponseState
+
+
+@dataclass
+class ValidatorCall:
+    items: list[dict[str, Any]]
+    previous_id: str | None
+    request: CreateRequest
+
+
+class RecordingValidator:
+    """A pipeline validator that records exactly the new items each turn delivered to the server."""
+
+    def __init__(self) -> None:
+        self.calls: list[ValidatorCall] = []
+
+    def __call__(self, new_items: list[dict[str, Any]], previous: ResponseState | None, request: CreateRequest) -> None:
+        self.calls.append(ValidatorCall(copy.deepcopy(new_items), previous.id if previous else None, request))
+
+    @property
+    def last(self) -> ValidatorCall:
+        return self.calls[-1]
+
+
+ServerFactory = Callable[..., BackgroundServer]
+
+
+@pytest.fixture
+def recorder() -> RecordingValidator:
+    return RecordingValidator()
+
+
+@pytest.fixture(scope="session")
+def _stopping_servers() -> Iterator[list[BackgroundServer]]:
+    """Servers told to exit; joined once at the end so no test waits for uvicorn's shutdown ticks."""
+    stopping: list[BackgroundServer] = []
+    yield stopping
+    for server in stopping:
+        server.stop()
+
+
+@pytest.fixture
+def make_server(_stopping_servers: list[BackgroundServer]) -> Iterator[ServerFactory]:
+    """Start a shim server with these `Settings` overrides (`backend_impl`: a `Backend` object).
+
+    Every server is told to stop at teardown.
+    """
+    started: list[BackgroundServer] = []
+
+    def make(
+        *, validators: Any = (), backend_impl: Any = None, store: Any = None, config: Any = None, **overrides: Any
+    ) -> BackgroundServer:
+        overrides.setdefault("drain_timeout_s", 2.0)
+        settings = Settings(**overrides)
+        app = create_app(settings, config=config, backend=backend_impl, store=store, validators=list(validators))
+        server = BackgroundServer(app, settings).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.server.should_exit = True
+    _stopping_servers.extend(started)
+
+
+@pytest.fixture
+def server(make_server: ServerFactory, recorder: RecordingValidator) -> BackgroundServer:
+    """The shim on the simulated backend, with a recording validator."""
+    return make_server(validators=[recorder])
+
+
+@pytest.fixture
+async def client(server: BackgroundServer) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+def sync_client(server: BackgroundServer) -> Iterator[OpenAI]:
+    with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+def chat_server() -> Iterator[Any]:
+    from support.chat_server import ChatServer
+
+    with ChatServer() as chat:
+        yield chat

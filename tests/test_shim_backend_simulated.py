@@ -1,0 +1,91 @@
+"""The simulated backend's documented contract (README): deterministic, paced, tool calls on request."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from server_shim.backends import SimulatedBackend
+from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage
+from server_shim.render import ChatPrompt, render_items
+from server_shim.tools import chat_tools
+
+LOOKUP = chat_tools([{"type": "function", "name": "lookup"}])
+
+
+def request(items, *, tools=None, max_output_tokens=None, cached=0) -> BackendRequest:
+    return BackendRequest(
+        model="simulated-1",
+        prompt=ChatPrompt().extend(render_items(items)),
+        tools=tools,
+        max_output_tokens=max_output_tokens,
+        cached_prefix_nbytes=cached,
+    )
+
+
+def user(text):
+    return {"type": "message", "role": "user", "content": text}
+
+
+async def collect(backend, req):
+    return [delta async for delta in backend.stream(req)]
+
+
+async def test_it_streams_max_output_tokens_text_tokens_default_16():
+    backend = SimulatedBackend()
+    default = await collect(backend, request([user("hi")]))
+    assert sum(isinstance(d, TextDelta) for d in default) == 16
+    five = await collect(backend, request([user("hi")], max_output_tokens=5))
+    assert sum(isinstance(d, TextDelta) for d in five) == 5
+    assert five[-2:] == [Usage(five[-2].input_tokens, 5, 0), Finish("stop")]
+
+
+async def test_it_is_deterministic():
+    backend = SimulatedBackend()
+    req = request([user('call lookup {"n": 1}')], tools=LOOKUP)
+    assert await collect(backend, req) == await collect(backend, req)
+
+
+async def test_a_call_line_naming_a_tool_of_the_request_becomes_that_function_call():
+    deltas = await collect(SimulatedBackend(), request([user('please\ncall lookup {"n": 42}')], tools=LOOKUP))
+    calls = [d for d in deltas if isinstance(d, ToolCallDelta)]
+    assert len(calls) == 2 and calls[0].name == "lookup" and calls[0].call_id.startswith("call_sim_")
+    assert json.loads("".join(c.arguments for c in calls)) == {"n": 42}
+    assert deltas[-1] == Finish("tool_calls")
+
+
+async def test_a_call_line_for_an_unknown_tool_or_bad_json_is_just_text():
+    backend = SimulatedBackend()
+    for text in ('call other {"n": 1}', "call lookup {not json"):
+        deltas = await collect(backend, request([user(text)], tools=LOOKUP))
+        assert not any(isinstance(d, ToolCallDelta) for d in deltas)
+    assert not any(isinstance(d, ToolCallDelta) for d in await collect(backend, request([user("call lookup {}")])))
+
+
+async def test_after_a_tool_output_the_reply_contains_that_output():
+    items = [
+        user('call lookup {"n": 1}'),
+        {"type": "function_call", "call_id": "call_9", "name": "lookup", "arguments": '{"n": 1}'},
+        {"type": "function_call_output", "call_id": "call_9", "output": "record one"},
+    ]
+    deltas = await collect(SimulatedBackend(), request(items, tools=LOOKUP))
+    text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    assert "record one" in text and "call_9" in text
+
+
+async def test_the_cached_prefix_is_reported_as_cached_tokens():
+    deltas = await collect(SimulatedBackend(), request([user("x" * 400)], cached=200))
+    usage = next(d for d in deltas if isinstance(d, Usage))
+    assert 0 < usage.cached_tokens <= usage.input_tokens
+
+
+async def test_time_to_first_token_and_tokens_per_second_are_honoured():
+    backend = SimulatedBackend(ttft_s=0.1, tokens_per_s=100)
+    start = time.perf_counter()
+    await collect(backend, request([user("hi")], max_output_tokens=6))
+    assert 0.14 <= time.perf_counter() - start < 0.6  # 0.1 s + 5 intervals of 10 ms
+
+
+async def test_it_names_itself_a_simulator():
+    backend = SimulatedBackend(model="simulated-1")
+    assert backend.name == "simulated" and await backend.models() == ["simulated-1"]

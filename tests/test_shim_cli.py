@@ -1,0 +1,121 @@
+"""The `responses-ws` console script, run as a subprocess with bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+from openai import AsyncOpenAI
+from support.chat_server import closed_port
+from support.wire import completed_ok, run_turn
+
+SCRIPT = Path(sys.executable).with_name("responses-ws")
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_help_lists_the_subcommands():
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("serve", "demo"):
+        assert command in result.stdout
+
+
+def test_serve_help_lists_the_flags_that_must_keep_working():
+    result = run("serve", "--help")
+    assert result.returncode == 0
+    for flag in ("--host", "--port", "--backend", "--api-key", "--config"):
+        assert flag in result.stdout
+
+
+def test_an_unknown_subcommand_fails_with_usage():
+    result = run("bogus")
+    assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_demo_runs_three_turns_and_prints_the_table():
+    result = run("demo", "--turns", "3", "--payload-bytes", "500")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "SIMULATED" in out
+    assert "HTTP, full history" in out and "WebSocket, chained" in out and "ratio" in out
+    assert "Both transports produced the same outputs" in out
+
+
+@pytest.fixture
+def serve_process(tmp_path):
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}
+        process = subprocess.Popen(
+            [str(SCRIPT), "--log-level", "WARNING", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+
+
+def wait_healthy(port: int, process: subprocess.Popen[str], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited early: {process.stdout.read()}")
+        try:
+            if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx2.TransportError:
+            time.sleep(0.05)
+    raise AssertionError("serve did not become healthy")
+
+
+def stop_cleanly(process: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+    """uvicorn shuts down gracefully, then re-raises the signal so the exit status tells what stopped it."""
+    process.send_signal(sig)
+    assert process.wait(15) in (0, -sig)
+    output = process.stdout.read()
+    assert "Traceback" not in output, output
+
+
+async def test_serve_with_flags_answers_the_sdk_and_stops_cleanly_on_sigint(serve_process):
+    port = closed_port()
+    process = serve_process("--host", "127.0.0.1", "--port", str(port), "--backend", "simulated", "--api-key", "k1")
+    await asyncio.to_thread(wait_healthy, port, process)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    assert httpx2.get(base_url + "/models").status_code == 401
+    async with AsyncOpenAI(base_url=base_url, api_key="k1", max_retries=0) as sdk, sdk.responses.connect() as conn:
+        completed_ok(await run_turn(conn, input="hi", store=False))
+    stop_cleanly(process)
+
+
+async def test_serve_reads_a_config_file_and_flags_override_it(serve_process, tmp_path):
+    port = closed_port()
+    config = tmp_path / "shim.toml"
+    config.write_text(f'[server]\nport = {closed_port()}\napi_keys = ["from-file"]\nmax_frame_bytes = 2048\n')
+    process = serve_process("--config", str(config), "--port", str(port))  # the flag wins over the file
+    await asyncio.to_thread(wait_healthy, port, process)
+    reply = httpx2.post(
+        f"http://127.0.0.1:{port}/v1/responses",
+        json={"model": "simulated-1", "input": "hi", "store": False},
+        headers={"authorization": "Bearer from-file"},
+    )
+    assert reply.status_code == 200 and reply.json()["status"] == "completed"
+    stop_cleanly(process, signal.SIGTERM)

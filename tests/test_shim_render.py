@@ -1,0 +1,161 @@
+"""Rendering items into chat messages: append-only, stable bytes, documented Chat Completions shapes."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import TypeAdapter
+
+from server_shim.render import ChatPrompt, encode, render_items
+
+MESSAGE = TypeAdapter(ChatCompletionMessageParam)
+
+
+def user(text):
+    return {"type": "message", "role": "user", "content": text}
+
+
+def assistant(text):
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+
+def call(call_id, name="lookup", arguments='{"n": 1}'):
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def output(call_id, text):
+    return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+
+AGENT_LOOP = [
+    [user("find 1")],  # turn 1 input
+    [call("call_1")],  # turn 1 output
+    [output("call_1", "record 1")],  # turn 2 input
+    [assistant("Found record 1.")],  # turn 2 output
+    [user("now 2")],
+    [assistant("Looking."), call("call_2"), call("call_3")],  # text then two parallel calls in one output
+    [output("call_2", "r2"), output("call_3", "r3")],
+    [assistant("Done.")],
+]
+
+
+def chained(batches) -> ChatPrompt:
+    prompt = ChatPrompt()
+    for batch in batches:
+        prompt = prompt.extend(render_items(batch))
+    return prompt
+
+
+def test_messages_have_the_documented_chat_shapes():
+    messages = chained(AGENT_LOOP).messages
+    for message in messages:
+        MESSAGE.validate_python(message)
+    assert [m["role"] for m in messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+    ]
+    assert messages[1] == {
+        "content": "",
+        "role": "assistant",
+        "tool_calls": [{"function": {"arguments": '{"n": 1}', "name": "lookup"}, "id": "call_1", "type": "function"}],
+    }
+    assert messages[2] == {"content": "record 1", "role": "tool", "tool_call_id": "call_1"}
+    assert messages[5]["content"] == "Looking."
+    assert [c["id"] for c in messages[5]["tool_calls"]] == ["call_2", "call_3"]
+
+
+def test_chained_batches_render_the_same_bytes_as_the_whole_history_at_once():
+    whole = ChatPrompt().extend(render_items([item for batch in AGENT_LOOP for item in batch]))
+    assert chained(AGENT_LOOP).encoded_messages("Be brief.") == whole.encoded_messages("Be brief.")
+
+
+def test_every_turns_prompt_is_a_byte_prefix_of_the_next():
+    prompt = ChatPrompt()
+    previous = prompt.encoded_messages("sys")
+    for batch in AGENT_LOOP:
+        prompt = prompt.extend(render_items(batch))
+        current = prompt.encoded_messages("sys")
+        assert current.startswith(previous[:-1])  # drop the closing bracket
+        previous = current
+
+
+def test_extending_never_re_encodes_or_changes_the_parent():
+    parent = chained(AGENT_LOOP[:3])
+    fragments = parent.fragments
+    child = parent.extend(render_items([user("more")]))
+    assert parent.fragments is fragments and len(parent.messages) == 3
+    assert all(a is b for a, b in zip(child.fragments, parent.fragments, strict=False))
+    assert child.nbytes == parent.nbytes + len(encode(child.messages[-1])) + 1
+    assert parent.extend([]) is parent
+
+
+def test_the_encoding_is_the_json_array_of_the_messages_with_sorted_keys():
+    prompt = chained(AGENT_LOOP)
+    encoded = prompt.encoded_messages("Be brief.")
+    decoded = json.loads(encoded)
+    assert decoded == [{"content": "Be brief.", "role": "system"}, *prompt.messages]
+    assert encoded == orjson.dumps(decoded, option=orjson.OPT_SORT_KEYS)
+    assert prompt.encoded_messages(None) == orjson.dumps(list(prompt.messages), option=orjson.OPT_SORT_KEYS)
+
+
+def test_key_order_of_the_input_does_not_change_the_bytes():
+    a = {"type": "message", "role": "user", "content": "x"}
+    b = {"content": "x", "role": "user", "type": "message"}
+    assert ChatPrompt().extend(render_items([a])).fragments == ChatPrompt().extend(render_items([b])).fragments
+
+
+def test_developer_becomes_system_and_text_parts_join_into_a_string():
+    (message,) = render_items(
+        [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+            }
+        ]
+    )
+    assert message == {"content": "ab", "role": "system"}
+
+
+def test_images_and_files_become_chat_content_parts():
+    (message,) = render_items(
+        [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "see"},
+                    {"type": "input_image", "image_url": "https://example.invalid/a.png", "detail": "auto"},
+                    {"type": "input_file", "file_id": "file_1", "filename": "a.pdf"},
+                ],
+            }
+        ]
+    )
+    MESSAGE.validate_python(message)
+    assert message["content"] == [
+        {"text": "see", "type": "text"},
+        {"image_url": {"url": "https://example.invalid/a.png"}, "type": "image_url"},
+        {"file": {"file_id": "file_1", "filename": "a.pdf"}, "type": "file"},
+    ]
+
+
+def test_a_tool_output_given_as_parts_renders_as_text():
+    (message,) = render_items(
+        [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "ok"}]}]
+    )
+    assert message == {"content": "ok", "role": "tool", "tool_call_id": "c"}
+
+
+@pytest.mark.parametrize("item", [{"type": "reasoning", "id": "rs_1", "summary": []}])
+def test_items_without_a_chat_form_render_nothing(item):
+    assert render_items([item]) == []

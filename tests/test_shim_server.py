@@ -1,0 +1,69 @@
+"""Running under uvicorn: a free loopback port, and shutdown that closes WebSockets with 1001."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx2
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from openai.types.websocket_reconnection import is_recoverable_close
+from support.wire import API_KEY, MODEL, completed_ok, read_turn, run_turn, ws_url
+from websockets.asyncio.client import connect as ws_connect
+
+from server_shim import BackgroundServer, Settings, create_app
+
+
+def test_a_background_server_listens_on_a_free_loopback_port():
+    settings = Settings(port=1)  # replaced by a free port
+    with BackgroundServer(create_app(settings), settings) as server:
+        assert server.base_url.startswith("http://127.0.0.1:") and server.settings.port != 1
+        assert httpx2.get(server.base_url.removesuffix("/v1") + "/healthz").json()["status"] == "ok"
+
+
+async def test_shutdown_closes_an_idle_websocket_with_1001(make_server):
+    server = make_server()
+    async with ws_connect(ws_url(server)) as ws:
+        stopping = asyncio.create_task(asyncio.to_thread(server.stop))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+        await stopping
+    assert closed.value.rcvd.code == 1001
+
+
+async def test_shutdown_lets_a_response_in_flight_finish_then_closes_with_1001(make_server):
+    server = make_server(simulated_ttft_s=0.3)
+    async with ws_connect(ws_url(server)) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "response.created"
+        stopping = asyncio.create_task(asyncio.to_thread(server.stop))
+        types = []
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                types.append(json.loads(await asyncio.wait_for(ws.recv(), 10))["type"])
+        await stopping
+    assert types[-1] == "response.completed"
+    assert closed.value.rcvd.code == 1001
+
+
+async def test_the_sdk_sees_a_recoverable_close_on_shutdown(make_server):
+    server = make_server()
+    async with (
+        AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk,
+        sdk.responses.connect() as conn,
+    ):
+        completed_ok(await run_turn(conn, input="hi", store=False))
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await read_turn(conn)
+    assert closed.value.rcvd.code == 1001 and is_recoverable_close(1001)
+
+
+async def test_a_stopped_server_refuses_new_connections(make_server):
+    server = make_server()
+    await asyncio.to_thread(server.stop)
+    with pytest.raises(OSError):
+        async with ws_connect(ws_url(server), open_timeout=2):
+            pass
