@@ -94,6 +94,8 @@ def create_app(
         classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
         post_inference=PostInference([_plugin_sink(manager)]),
     )
+    if isinstance(backend, Router):
+        env.serves_model = backend.serves_model
     shim = ShimState(settings, env)
 
     async def websocket_endpoint(websocket: WebSocket) -> None:

@@ -63,6 +63,8 @@ class BackendError(Exception):
     def api_error(self) -> APIError:
         if self.status == 429:
             return APIError(429, "rate_limit_exceeded", str(self), type="rate_limit_error")
+        if self.status == 503:
+            return APIError(503, "backend_unavailable", str(self), type="server_error")
         if self.status is not None and 400 <= self.status < 500:
             return APIError(400, "backend_rejected_request", str(self))
         return APIError(502, "backend_error", str(self), type="server_error")

@@ -138,6 +138,9 @@ class Router:
                         aliases.update(await d.backend.models())
         return sorted(aliases)
 
+    def serves_model(self, alias: str) -> bool:
+        return any(d.serves(alias) for d in self.deployments.values())
+
     def candidates(self, alias: str, sticky: str | None) -> list[Deployment]:
         """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
         if sticky is not None:

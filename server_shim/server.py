@@ -35,6 +35,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvic
         ws_max_size=max(2 * settings.max_frame_bytes, 16 * 1024 * 1024),
         ws_per_message_deflate=False,
         lifespan="on",
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
         **kwargs,  # type: ignore[arg-type]
     )
 

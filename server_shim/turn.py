@@ -41,6 +41,8 @@ class TurnEnv:
     validators: Sequence[Validator] = ()
     classifiers: Sequence[Classifier] = ()
     post_inference: PostInference = field(default_factory=PostInference)
+    serves_model: Callable[[str], bool] = field(default=lambda model: True)
+    """Whether some backend serves this public model name; checked before anything else."""
 
 
 @dataclass(slots=True)
@@ -90,6 +92,8 @@ class Turn:
         """Everything before inference; raises `APIError` and leaves all state untouched."""
         if self._plan is not None:
             return
+        if not self.env.serves_model(self.request.model):
+            raise APIError(404, "model_not_found", f"The model '{self.request.model}' does not exist.", "model")
         previous = await self._resolve_previous()
         new_items = normalize_input(self.request.input)
         known_calls = previous.call_ids if previous else frozenset()

@@ -270,6 +270,12 @@ BAD_FRAMES = [
     pytest.param({"type": "response.create", "input": "hi"}, "missing_required_parameter", "model", id="missing-model"),
     pytest.param({"type": "response.create", "model": "", "input": "hi"}, "invalid_value", "model", id="empty-model"),
     pytest.param(
+        {"type": "response.create", "model": "no-such-model", "input": "hi"},
+        "model_not_found",
+        "model",
+        id="unknown-model",
+    ),
+    pytest.param(
         {"type": "response.create", "model": MODEL, "input": "hi", "background": True},
         "unsupported_parameter",
         "background",
@@ -391,7 +397,7 @@ async def test_bad_input_gets_a_specific_error_and_the_connection_continues_its_
         await send_raw(conn, frame)
         error = await recv_event(conn)
         assert error["type"] == "error", error
-        assert error["status"] == 400 or (code == "item_not_found" and error["status"] == 404)
+        assert error["status"] == (404 if code in ("item_not_found", "model_not_found") else 400)
         assert error["error"]["code"] == code
         assert error["error"]["param"] == param
         assert error["error"]["type"] == "invalid_request_error"
