@@ -14,6 +14,8 @@ pair by pair (same repeat); `PAIRS` lists further pairs to compare.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends import SimulatedBackend
-from server_shim.demo import MODEL, LoopResult, http_loop, websocket_loop
+from server_shim.demo import MODEL, LoopResult, http_loop, next_user_message, tool_result, websocket_loop
 
 from . import plot
 from .common import (
@@ -70,9 +72,109 @@ variant(BASELINE, "HTTP, stateless full history, raw openai client (demo.http_lo
 variant("websocket", "WebSocket, previous_response_id, raw openai client (demo.websocket_loop)")(websocket_loop)
 
 
+# LangChain: the same conversation driven by a real `create_agent` agent --------------------
+
+CLIENT_PREPARE_MS: dict[str, list[list[float]]] = {}
+"""Per LangChain run, the ms `ChatOpenAI` spent turning the history into a request, per turn."""
+
+
+async def langchain_loop(base_url: str, turns: int, payload_bytes: int, transport: str) -> LoopResult:
+    """`create_agent` with `plugins.langchain.ChatOpenAI(transport=...)`, the demo's conversation turn for turn.
+
+    Each user message asks for one `lookup` (a model turn that calls it, then one that answers its
+    result), so `turns` model calls see exactly the histories of `demo.http_loop`. A turn is one
+    model call as the agent makes it (history conversion, request, response parsing); the agent
+    is invoked with the messages so far, as an app without a checkpointer does.
+    """
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware, hook_config
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+
+    from plugins.langchain import ChatOpenAI
+
+    @tool
+    def lookup(n: int) -> str:
+        """Look up a record by number."""
+        return tool_result(n + 1, payload_bytes)
+
+    prepare_ms: list[float] = []
+
+    class TimedChatOpenAI(ChatOpenAI):
+        def _get_request_payload(self, *args: Any, **kwargs: Any) -> dict:
+            t0 = time.perf_counter()
+            try:
+                return super()._get_request_payload(*args, **kwargs)
+            finally:
+                prepare_ms.append((time.perf_counter() - t0) * 1000)
+
+    result = LoopResult(f"LangChain create_agent, transport={transport}")
+
+    class Turns(AgentMiddleware):
+        """Times each model call and ends the agent once `turns` calls are made."""
+
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            t0 = time.perf_counter()
+            response = await handler(request)
+            result.turn_seconds.append(time.perf_counter() - t0)
+            message = response.result[0]
+            result.outputs.append(message.text or ("function_call" if message.tool_calls else ""))
+            return response
+
+        @hook_config(can_jump_to=["end"])
+        def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+            return {"jump_to": "end"} if len(result.turn_seconds) >= turns else None
+
+    model = TimedChatOpenAI(model=MODEL, base_url=base_url, api_key="demo", transport=transport, store=False)
+    agent = create_agent(model, [lookup], middleware=[Turns()])
+    history: list[Any] = []
+    start = time.perf_counter()
+    while len(result.turn_seconds) < turns:
+        ask = next_user_message(len(result.turn_seconds))
+        history = (await agent.ainvoke({"messages": [*history, HumanMessage(ask["content"])]}))["messages"]
+    result.seconds = time.perf_counter() - start
+    result.turns = turns
+    await model.aclose()
+    CLIENT_PREPARE_MS.setdefault(f"langchain-{transport}", []).append(prepare_ms)
+    return result
+
+
+async def langchain_http_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult:
+    return await langchain_loop(base_url, turns, payload_bytes, "http")
+
+
+async def langchain_websocket_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult:
+    return await langchain_loop(base_url, turns, payload_bytes, "websocket")
+
+
+if importlib.util.find_spec("langchain") and importlib.util.find_spec("langchain_openai"):  # the `langchain` extra
+    variant("langchain-http", "LangChain create_agent, plugins.langchain.ChatOpenAI(transport='http'): full history")(
+        langchain_http_loop
+    )
+    variant("langchain-websocket", "LangChain create_agent, plugins.langchain.ChatOpenAI(transport='websocket')")(
+        langchain_websocket_loop
+    )
+    PAIRS.append(("langchain-websocket", "langchain-http"))
+
+
+def client_prepare(warmup: int) -> dict[str, Any]:
+    """Per LangChain variant: ms to build each request from the history, overall and at the first and last turn."""
+    out = {}
+    for name, runs in CLIENT_PREPARE_MS.items():
+        kept = runs[warmup:]
+        if kept:
+            out[name] = {
+                "all_turns": summarize(x for r in kept for x in r),
+                "first_turn": summarize(r[0] for r in kept),
+                "last_turn": summarize(r[-1] for r in kept),
+            }
+    return out
+
+
 async def measure(
     names: list[str], turns: int, repeats: int, warmup: int, payload_bytes: int, tokens_per_s: float
 ) -> dict[str, Any]:
+    CLIENT_PREPARE_MS.clear()
     recorder = Recorder()
     backend = TimedBackend(SimulatedBackend(tokens_per_s=tokens_per_s, model=MODEL), recorder)
     settings = Settings(simulated_tokens_per_s=tokens_per_s)
@@ -194,6 +296,13 @@ def table(result: dict[str, Any]) -> str:
         f"agent ({cfg['turns']}-turn tool loop, {cfg['tokens_per_s']:g} tok/s simulated, {cfg['payload_bytes']} B tool results)",
         format_table(rows),
     ]
+    for name, v in result["variants"].items():
+        prepare = v.get("client_prepare_ms")
+        if prepare:
+            lines.append(
+                f"  {name}: building the request from the history took {fmt(prepare['first_turn']['median'], 3)} ms "
+                f"at turn 1, {fmt(prepare['last_turn']['median'], 3)} ms at turn {cfg['turns']} (median)"
+            )
     for c in result["comparisons"]:
         lines.append(
             f"  ratio {c['name']}: median {fmt(c['paired_ratio']['median'], 3)} (faster by {fmt(100 * c['faster_by'] if c['faster_by'] is not None else None, 1)}%, n={c['paired_ratio']['n']})"
@@ -235,6 +344,8 @@ def run(
         ],
     }
     result.update(analyse(runs, turns))
+    for name, prepare in client_prepare(warmup).items():
+        result["variants"][name]["client_prepare_ms"] = prepare
     result = clean_floats(result)
     write_json(out_dir, "agent", result)
     plot.per_turn_plot(

@@ -1,0 +1,185 @@
+"""The public surface of `ws_transport`: what a wrapped client still does, and what it cleans up."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from openai.types.responses import Response
+
+import ws_transport
+from server_shim import BackgroundServer, Settings, create_app
+
+MODEL = "simulated-1"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.turns: list[tuple[int, str | None]] = []
+
+    def __call__(self, new_items: list[dict], previous: Any, request: Any) -> None:
+        self.turns.append((len(new_items), previous.id if previous else None))
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(scope="module")
+def server(recorder: Recorder) -> Iterator[BackgroundServer]:
+    settings = Settings()
+    with BackgroundServer(create_app(settings, validators=[recorder]), settings) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: BackgroundServer) -> Iterator[OpenAI]:
+    with ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as wrapped:
+        yield wrapped
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def portal_thread(client: OpenAI) -> threading.Thread | None:
+    return client._client._transport.portal._thread
+
+
+def eventually(check: Any, timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_wrap_returns_the_same_client_and_wrapping_twice_changes_nothing(server: BackgroundServer) -> None:
+    with OpenAI(base_url=server.base_url, api_key="k") as plain:
+        wrapped = ws_transport.wrap(plain)
+        transport = plain._client._transport
+        assert wrapped is plain and isinstance(wrapped, OpenAI)
+        assert ws_transport.wrap(wrapped) is wrapped and plain._client._transport is transport
+
+
+def test_other_endpoints_stay_on_http(client: OpenAI, server: BackgroundServer) -> None:
+    sockets = server.shim.stats.websocket_connections
+    assert [model.id for model in client.models.list()] == [MODEL]
+    assert server.shim.stats.websocket_connections == sockets
+
+
+def test_raw_response_wrapper_goes_over_the_session_and_parses(client: OpenAI, recorder: Recorder) -> None:
+    history: list[Any] = [user("hello")]
+    history += client.responses.create(model=MODEL, input=history, store=False).output
+    history.append(user("raw please"))
+    raw = client.responses.with_raw_response.create(model=MODEL, input=history, store=False)
+    assert raw.status_code == 200
+    assert isinstance(raw.parse(), Response) and raw.parse().status == "completed"
+    assert ws_transport.session_of(client).stats.turns_chained == 1
+    assert recorder.turns[-1][0] == 1
+
+
+def test_streaming_response_wrapper_reads_the_sse_body(client: OpenAI) -> None:
+    with client.responses.with_streaming_response.create(model=MODEL, input="hello", stream=True) as raw:
+        assert raw.headers["content-type"] == "text/event-stream"
+        lines = [line for line in raw.iter_lines() if line.startswith("event: ")]
+    assert lines[0] == "event: response.created" and lines[-1] == "event: response.completed"
+    assert ws_transport.session_of(client).stats.turns == 1
+
+
+def test_copies_of_the_client_share_the_session_and_keep_chaining(client: OpenAI) -> None:
+    history: list[Any] = [user("hello")]
+    history += client.responses.create(model=MODEL, input=history, store=False).output
+    history.append(user("from a copy"))
+    copy = client.with_options(timeout=30)
+    assert copy.responses.create(model=MODEL, input=history, store=False).status == "completed"
+    assert ws_transport.session_of(copy) is ws_transport.session_of(client)
+    assert ws_transport.session_of(client).stats.turns_chained == 1
+
+
+def test_caller_previous_response_id_passes_through(client: OpenAI, recorder: Recorder) -> None:
+    first = client.responses.create(model=MODEL, input="hello")
+    second = client.responses.create(model=MODEL, input=[user("more")], previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    assert recorder.turns[-1] == (1, first.id)
+
+
+def test_extra_body_fields_reach_the_server(client: OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input="hello", extra_body={"max_output_tokens": 3})
+    assert len(response.output_text.split()) == 3
+
+
+def test_stats_and_debug_logging(client: OpenAI, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="ws_transport")
+    history: list[Any] = [user("x" * 2000)]
+    for n in range(3):
+        history += [*client.responses.create(model=MODEL, input=history, store=False).output, user(f"turn {n}")]
+    stats = ws_transport.session_of(client).stats
+    assert isinstance(stats, ws_transport.SessionStats)
+    assert (stats.turns, stats.turns_chained, stats.reconnects, stats.fallbacks) == (3, 2, 0, 0)
+    assert stats.bytes_saved > 2 * 2000
+    sent = [r.getMessage() for r in caplog.records if "sent turn" in r.getMessage()]
+    assert len(sent) == 3 and "chained=True" in sent[-1]
+
+
+def test_sync_close_closes_the_socket_and_joins_the_thread(server: BackgroundServer) -> None:
+    client = ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    client.responses.create(model=MODEL, input="hello")
+    thread = portal_thread(client)
+    assert thread is not None and thread.is_alive()
+    client.close()
+    assert not thread.is_alive()
+    assert eventually(lambda: not server.shim.connections)
+
+
+def test_a_dropped_sync_client_takes_its_thread_with_it(server: BackgroundServer) -> None:
+    client = ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    client.responses.create(model=MODEL, input="hello")
+    thread = portal_thread(client)
+    assert thread is not None
+    del client
+    gc.collect()
+    assert not thread.is_alive()
+
+
+async def test_async_close_leaves_no_task_behind(server: BackgroundServer) -> None:
+    async with ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
+        await client.responses.create(model=MODEL, input="hello")
+        session = ws_transport.session_of(client)
+        readers = [conn.reader for conn in session._connections]
+    assert readers and all(task.done() for task in readers)
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("ws_transport")]
+
+
+def test_an_async_client_can_move_to_a_new_event_loop(server: BackgroundServer) -> None:
+    client = ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+
+    async def ask() -> str:
+        return (await client.responses.create(model=MODEL, input="hello")).status
+
+    assert asyncio.run(ask()) == "completed"
+    assert asyncio.run(ask()) == "completed"
+    asyncio.run(client.close())
+
+
+def test_websocket_base_url_of_the_client_is_where_the_session_connects(server: BackgroundServer) -> None:
+    websocket_base_url = server.base_url.replace("http://", "ws://")
+    dead_http = "http://127.0.0.1:9/v1"  # nothing listens there: only the WebSocket URL is usable
+    plain = OpenAI(base_url=dead_http, websocket_base_url=websocket_base_url, api_key="k", max_retries=0)
+    with ws_transport.wrap(plain) as client:
+        assert client.responses.create(model=MODEL, input="hello").status == "completed"
+        assert ws_transport.session_of(client).url == f"{websocket_base_url}/responses"
+
+
+def test_options_come_as_one_object_or_as_keywords_not_both(server: BackgroundServer) -> None:
+    with OpenAI(base_url=server.base_url, api_key="k") as plain, pytest.raises(TypeError):
+        ws_transport.wrap(plain, ws_transport.SessionOptions(), lanes=False)

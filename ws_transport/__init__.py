@@ -1,0 +1,33 @@
+"""ws_transport: Responses API WebSocket mode for any `openai` client, with automatic incremental chaining.
+
+    client = ws_transport.wrap(openai.OpenAI())       # or AsyncOpenAI
+    response = client.responses.create(model=..., input=history, tools=tools)
+    ws_transport.session_of(client).stats              # turns, turns_chained, bytes_sent, ...
+
+`wrap()` keeps the client's API: `responses.create`/`responses.stream` run over one persistent
+WebSocket session and send `previous_response_id` plus only the new items whenever the history
+allows; every other endpoint stays on HTTP. For a client built elsewhere, pass
+`httpx2.Client(transport=WebSocketTransport())` (or the async one) as its `http_client`.
+"""
+
+from __future__ import annotations
+
+from .chaining import Chain, ChainBook, Plan
+from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
+from .options import ReconnectPolicy, SessionOptions, SessionStats
+from .session import Session
+from .wrap import session_of, wrap
+
+__all__ = [
+    "AsyncWebSocketTransport",
+    "Chain",
+    "ChainBook",
+    "Plan",
+    "ReconnectPolicy",
+    "Session",
+    "SessionOptions",
+    "SessionStats",
+    "WebSocketTransport",
+    "session_of",
+    "wrap",
+]

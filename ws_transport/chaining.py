@@ -1,0 +1,193 @@
+"""Full history in, `previous_response_id` + new items out: the chaining rule, with no sockets.
+
+A caller that resends its whole history each turn (as most frameworks do) passes a list whose
+start is what the server already holds under some response id: the previous request's input
+followed by that response's output. `ChainBook.plan` finds that response and splits off the new
+items. Items are compared by identity first (the common case: the caller appends to one list,
+so old items are the very same objects, and the check costs a pointer compare per item) and by
+value only when identity fails (a framework that rebuilds dicts, or dumps SDK models, each turn).
+
+Identity-first means an item mutated in place after it was sent is taken as unchanged; that is
+the price of not re-reading the history every turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+Params = dict[str, Any]
+
+PASSTHROUGH_PARAMS = frozenset({"previous_response_id", "conversation"})
+"""A request carrying one of these names its own server-side state: sent as is, never chained."""
+
+RESEND_CODES = frozenset({"previous_response_not_found", "websocket_connection_limit_reached"})
+"""Error codes after which the turn is resent once with its full input (nothing is lost)."""
+
+
+def should_resend(code: str | None, *, chained: bool) -> bool:
+    """The resend-on-miss rule: a chain we chose was lost, or the socket retired; nothing else.
+
+    A request rejected for itself (any other 400) is never resent, and neither is a
+    `previous_response_id` the caller chose: resending it in full is impossible.
+    """
+    if code == "previous_response_not_found":
+        return chained
+    return code in RESEND_CODES
+
+
+@dataclass(slots=True)
+class Chain:
+    """What the server holds under `response_id`: the items of the conversation so far, in order."""
+
+    response_id: str
+    params: Params
+    prefix: list[Any]
+    prefix_nbytes: int
+    generation: int
+    stored: bool
+    fields: dict[str, Any] | None = None
+    """`params` as JSON-ready request fields, so a chained turn with equal params reuses them."""
+
+    def usable_on(self, generation: int) -> bool:
+        """A connection-local chain only works on the socket that made it; a stored one anywhere."""
+        return self.generation == generation or self.stored
+
+
+@dataclass(slots=True)
+class Plan:
+    """A request split against the chains: `new_items` is everything when `chain` is None."""
+
+    params: Params
+    items: list[Any]
+    chain: Chain | None
+    new_items: list[Any]
+    recordable: bool = True
+
+    @property
+    def stored(self) -> bool:
+        return self.params.get("store") is not False
+
+
+@dataclass
+class ChainBook:
+    """The conversations a session can continue, least recently used dropped first; thread-safe."""
+
+    capacity: int = 64
+    _chains: OrderedDict[str, Chain] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def plan(self, params: Params, raw_input: Any) -> Plan:
+        items = input_items(raw_input)
+        if PASSTHROUGH_PARAMS & params.keys() or not isinstance(raw_input, (list, str)):
+            return Plan(params, items, None, items, recordable=False)
+        with self._lock:
+            chain = self._find(params, items)
+            if chain is not None:
+                self._chains.move_to_end(chain.response_id)
+        if chain is None:
+            return Plan(params, items, None, items)
+        return Plan(params, items, chain, items[len(chain.prefix) :])
+
+    def record(
+        self,
+        plan: Plan,
+        response_id: str,
+        output: list[Any],
+        nbytes: int,
+        generation: int,
+        fields: dict[str, Any] | None = None,
+    ) -> Chain | None:
+        """Remember the response a completed turn produced; it replaces the chain it extended."""
+        if not plan.recordable:
+            return None
+        chain = Chain(response_id, plan.params, [*plan.items, *output], nbytes, generation, plan.stored, fields)
+        with self._lock:
+            if plan.chain is not None:
+                self._chains.pop(plan.chain.response_id, None)
+            self._chains[response_id] = chain
+            while len(self._chains) > self.capacity:
+                self._chains.popitem(last=False)
+        return chain
+
+    def adopt_output(self, chain: Chain, output: Sequence[Any]) -> None:
+        """Swap the recorded output dicts for the objects the caller got, so next turn matches by identity."""
+        with self._lock:
+            start = len(chain.prefix) - len(output)
+            if start >= 0:
+                chain.prefix[start:] = output
+
+    def forget(self, chain: Chain | None) -> None:
+        if chain is not None:
+            with self._lock:
+                self._chains.pop(chain.response_id, None)
+
+    def _find(self, params: Params, items: list[Any]) -> Chain | None:
+        for chain in reversed(self._chains.values()):
+            if len(chain.prefix) < len(items) and chain.params == params and starts_with(items, chain.prefix):
+                return chain
+        return None
+
+
+def input_items(raw_input: Any) -> list[Any]:
+    """The input as a list of items: a plain string is one user message, as the API defines it."""
+    if isinstance(raw_input, str):
+        return [{"type": "message", "role": "user", "content": raw_input}]
+    if isinstance(raw_input, list):
+        return raw_input
+    return []
+
+
+def starts_with(items: Sequence[Any], prefix: Sequence[Any]) -> bool:
+    """Whether `items` begins with `prefix`; the last prefix item (the newest output) is checked first."""
+    n = len(prefix)
+    if n == 0 or len(items) < n or not same_item(items[n - 1], prefix[n - 1]):
+        return False
+    return all(a is b or same_item(a, b) for a, b in zip(items[: n - 1], prefix[: n - 1], strict=True))
+
+
+def same_item(a: Any, b: Any) -> bool:
+    """Identity, then plain equality, then equality of the JSON the SDK would send for each."""
+    if a is b:
+        return True
+    id_a, id_b = _item_id(a), _item_id(b)
+    if id_a is not None and id_b is not None and id_a != id_b:
+        return False
+    if type(a) is dict and type(b) is dict and a == b:
+        return True
+    return canonical(a) == canonical(b)
+
+
+def dump_model(model: pydantic.BaseModel) -> dict[str, Any]:
+    """An SDK model as the SDK sends it back as input (its `__api_exclude__` fields left out)."""
+    return model.model_dump(
+        mode="json", exclude_unset=True, by_alias=True, exclude=getattr(model, "__api_exclude__", None)
+    )
+
+
+def canonical(value: Any) -> Any:
+    """The JSON form of an item: SDK models dumped as the SDK sends them, nulls dropped, messages typed."""
+    if isinstance(value, pydantic.BaseModel):
+        value = dump_model(value)
+    if isinstance(value, dict):
+        out = {k: canonical(v) for k, v in value.items() if v is not None}
+        if "role" in out and "type" not in out:
+            out["type"] = "message"
+        return out
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    return value
+
+
+def _item_id(item: Any) -> Any:
+    if isinstance(item, dict):
+        return item.get("id")
+    return getattr(item, "id", None)

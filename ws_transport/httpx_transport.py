@@ -1,0 +1,297 @@
+"""The injection point: `POST .../responses` goes to the session, every other request to the original transport.
+
+This is the universal path. It serves any client that has it as transport (`with_raw_response`,
+`with_streaming_response`, `responses.parse`, copies, clients built elsewhere): it parses the
+serialized body to find the delta. The wrapped `responses.create` (see `wrap.py`) prepares its
+turn before serialization and marks the request with a ticket header, so here it is only sent.
+
+The answer is an ordinary HTTP response built from the events: SSE bytes for `stream: true`
+(fed to the SDK's own SSE parser, so callers get the SDK's typed events), the final `Response`
+JSON otherwise, and for an error event its status with an `{"error": ...}` body, so the SDK
+raises the same exception class it raises over HTTP.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
+
+import httpx2
+import orjson
+
+from .errors import (
+    ConnectionLost,
+    TurnRejected,
+    UpgradeRejected,
+    UseHTTP,
+    error_body,
+    error_response,
+    error_status,
+)
+from .options import SessionOptions
+from .portal import Portal
+from .session import Session
+from .turn import TICKET_HEADER, TurnRequest
+
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class _Router:
+    """What both transports share: which requests are turns, and how a turn goes over HTTP instead."""
+
+    session: Session
+
+    def _turn(self, request: httpx2.Request) -> TurnRequest | None:
+        """The turn a request carries; None for anything the session does not take (it goes over HTTP)."""
+        if request.method != "POST" or not request.url.path.endswith("/responses"):
+            return None
+        ticket = request.headers.get(TICKET_HEADER)
+        if ticket is not None:
+            self.session.bind(request)
+            return self._ticket(ticket)
+        if self.session.http_only:
+            self._count_fallback(len(request.read()), new_turn=True)
+            return None
+        if not self.session.bind(request):
+            return None
+        return parse_turn(self.session, request)
+
+    def _ticket(self, ticket: str) -> TurnRequest:
+        try:
+            return self.session.tickets[ticket]
+        except KeyError:
+            raise RuntimeError(
+                f"no prepared turn for {TICKET_HEADER}: {ticket}; was it sent through another client?"
+            ) from None
+
+    def _count_fallback(self, nbytes: int, *, new_turn: bool) -> None:
+        stats = self.session.stats
+        stats.fallbacks += 1
+        stats.bytes_sent += nbytes
+        if new_turn:
+            stats.turns += 1
+            stats.bytes_http_equivalent += nbytes
+
+    def _http_request(self, request: httpx2.Request, turn: TurnRequest | None) -> httpx2.Request:
+        """The request as plain HTTP sends it: a turn here is one the session could not take."""
+        if turn is None:
+            return request
+        body = turn.http_body()
+        self._count_fallback(len(body), new_turn=not turn.counted)
+        turn.counted = True
+        if TICKET_HEADER not in request.headers:
+            return request
+        headers = [
+            (k, v) for k, v in request.headers.multi_items() if k.lower() not in (TICKET_HEADER, "content-length")
+        ]
+        return httpx2.Request(request.method, request.url, headers=headers, content=body, extensions=request.extensions)
+
+
+def parse_turn(session: Session, request: httpx2.Request) -> TurnRequest | None:
+    """A serialized request split against the session's chains (by equality: identity is gone by now)."""
+    content = request.read()
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or body.get("background"):
+        return None
+    raw_input = body.get("input")
+    fields = {k: v for k, v in body.items() if k not in ("input", "stream")}
+    plan = session.chains.plan(fields, raw_input)
+    return TurnRequest(fields, plan, raw_input, stream=body.get("stream") is True, http_body_bytes=content)
+
+
+async def websocket_reply(session: Session, request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
+    """Run the turn on the session and answer as the HTTP endpoint would; raises `UseHTTP` to fall back."""
+    events = session.events(turn, transparent=not turn.stream, read_timeout=_read_timeout(request))
+    try:
+        return await _reply(turn, events, request)
+    except BaseException:
+        await events.aclose()  # whatever interrupted the reply, the lane is freed now, not at collection
+        raise
+
+
+async def _reply(
+    turn: TurnRequest, events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
+) -> httpx2.Response:
+    try:
+        if turn.stream:
+            first = await anext(events)
+            return httpx2.Response(200, headers=SSE_HEADERS, stream=_SSEStream(first, events, request), request=request)
+        return _final_reply(await _drain(events), request)
+    except TurnRejected as rejected:
+        return error_response(rejected.status, rejected.error, request)
+    except UpgradeRejected as rejected:
+        return httpx2.Response(rejected.status, headers=rejected.headers, content=rejected.body, request=request)
+    except ConnectionLost as lost:
+        raise httpx2.RemoteProtocolError(str(lost), request=request) from lost
+    except TimeoutError as exc:
+        raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=request) from exc
+
+
+async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The terminal event, and the error event that may follow it."""
+    kept = []
+    async for event in events:
+        if event.get("type") in TERMINAL or event.get("type") == "error":
+            kept.append(event)
+    return kept
+
+
+def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request) -> httpx2.Response:
+    errors = [e for e in kept if e.get("type") == "error"]
+    if errors:
+        return error_response(error_status(errors[-1]), error_body(errors[-1]), request)
+    final = kept[-1]["response"]
+    return httpx2.Response(
+        200, headers={"content-type": "application/json"}, content=orjson.dumps(final), request=request
+    )
+
+
+def sse_frame(event: dict[str, Any]) -> bytes:
+    """One event as the HTTP stream carries it: no lane id, and the flat error shape."""
+    event.pop("stream_id", None)
+    if event.get("type") == "error":
+        event = sse_error(event)
+    return b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def sse_error(event: dict[str, Any]) -> dict[str, Any]:
+    """The HTTP stream's error event is flat (the SDK's `ResponseErrorEvent`); the WebSocket one nests `error`."""
+    error = error_body(event)
+    return {
+        "type": "error",
+        "sequence_number": event.get("sequence_number", 0),
+        "code": error.get("code"),
+        "message": error.get("message"),
+        "param": error.get("param"),
+    }
+
+
+class _SSEStream(httpx2.AsyncByteStream):
+    """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
+
+    def __init__(
+        self, first: dict[str, Any], events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
+    ) -> None:
+        self.first = first
+        self.events = events
+        self.request = request
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        yield sse_frame(self.first)
+        try:
+            async for event in self.events:
+                yield sse_frame(event)
+        except ConnectionLost as lost:
+            raise httpx2.RemoteProtocolError(str(lost), request=self.request) from lost
+        except TimeoutError as exc:
+            raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=self.request) from exc
+        finally:
+            await self.events.aclose()
+
+    async def aclose(self) -> None:
+        await self.events.aclose()
+
+
+class _PortalStream(httpx2.SyncByteStream):
+    """An async byte stream on the portal's loop, read from the caller's thread."""
+
+    def __init__(self, stream: _SSEStream, portal: Portal) -> None:
+        self.stream = stream
+        self.portal = portal
+        self.chunks: AsyncGenerator[bytes, None] | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        self.chunks = chunks = self.stream.__aiter__()
+        yield from self.portal.iterate(chunks)
+
+    def close(self) -> None:
+        if self.chunks is not None:
+            self.portal.cleanup(self.chunks.aclose())
+        self.portal.cleanup(self.stream.aclose())
+
+
+class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):
+    """For `AsyncOpenAI`: `httpx2.AsyncClient(transport=AsyncWebSocketTransport())`, or via `wrap()`."""
+
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        *,
+        options: SessionOptions | None = None,
+        session: Session | None = None,
+    ) -> None:
+        self.inner = inner if inner is not None else httpx2.AsyncHTTPTransport()
+        self.session = session or Session(options)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        turn = self._turn(request)
+        if turn is not None and not self.session.http_only:
+            try:
+                return await websocket_reply(self.session, request, turn)
+            except UseHTTP:
+                pass
+        return await self.inner.handle_async_request(self._http_request(request, turn))
+
+    async def aclose(self) -> None:
+        await self.session.aclose()
+        await self.inner.aclose()
+
+
+class WebSocketTransport(_Router, httpx2.BaseTransport):
+    """For `OpenAI`: the session runs on a private loop thread (see `portal.py` for why)."""
+
+    def __init__(
+        self,
+        inner: httpx2.BaseTransport | None = None,
+        *,
+        options: SessionOptions | None = None,
+        session: Session | None = None,
+        portal: Portal | None = None,
+    ) -> None:
+        self.inner = inner if inner is not None else httpx2.HTTPTransport()
+        self.session = session or Session(options)
+        self.portal = portal or Portal()
+        self._shutdown = weakref.finalize(self, _shutdown, self.portal, self.session)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        turn = self._turn(request)
+        if turn is not None and not self.session.http_only:
+            try:
+                response = self.portal.call(websocket_reply(self.session, request, turn))
+            except UseHTTP:
+                pass
+            else:
+                return _on_this_thread(response, self.portal)
+        return self.inner.handle_request(self._http_request(request, turn))
+
+    def close(self) -> None:
+        self._shutdown()
+        self.inner.close()
+
+
+def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Response:
+    stream = response.stream
+    if not isinstance(stream, _SSEStream):
+        return response
+    return httpx2.Response(
+        response.status_code, headers=response.headers, stream=_PortalStream(stream, portal), request=response.request
+    )
+
+
+def _shutdown(portal: Portal, session: Session) -> None:
+    """Close the sockets on their loop, then stop the loop thread; runs once (close() or garbage collection)."""
+    if portal.running:
+        try:
+            portal.call(session.aclose(), timeout=10)
+        finally:
+            portal.stop()
+
+
+def _read_timeout(request: httpx2.Request) -> float | None:
+    timeout = request.extensions.get("timeout")
+    return timeout.get("read") if isinstance(timeout, dict) else None

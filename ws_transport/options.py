@@ -1,0 +1,82 @@
+"""What a session may do, as data: reconnect policy, limits, and the counters it keeps."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types.websocket_reconnection import is_recoverable_close
+
+FALLBACK_STATUSES = frozenset({404, 405, 426})
+"""Upgrade answers that mean "no WebSocket here": the session switches to HTTP for good."""
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """When and how fast to reconnect; the same close codes the `openai` SDK treats as recoverable.
+
+    A turn is resent (in full) at most once; `max_attempts` bounds the connection attempts made
+    for it. When they are spent the session falls back to HTTP rather than failing the caller.
+    """
+
+    max_attempts: int = 4
+    initial_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+    jitter: float = 0.25
+
+    def recoverable(self, close_code: int) -> bool:
+        return is_recoverable_close(close_code)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before connection attempt `attempt` (0 = first, no wait)."""
+        if attempt <= 0:
+            return 0.0
+        base = min(self.max_delay_s, self.initial_delay_s * 2 ** (attempt - 1))
+        return base * (1 - self.jitter * random.random())
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Options for one wrapped client; every field has a default that suits the OpenAI API and the shim."""
+
+    reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    websocket_url: str | None = None
+    """Override the `ws(s)://.../responses` URL derived from the HTTP request."""
+    lanes: bool = True
+    """Multiplex concurrent turns on one socket with `stream_id` lanes; False: one turn per socket."""
+    max_in_flight: int = 16
+    """Turns in flight per socket (the shim runs 16 at once and allows 32 lanes)."""
+    max_connections: int = 4
+    """Sockets per session, opened only when every open one is full."""
+    max_connection_age_s: float = 55 * 60
+    """Open a fresh socket before the server's 60-minute connection limit."""
+    max_chains: int = 64
+    """Conversations remembered for automatic chaining (least recently used dropped first)."""
+    open_timeout_s: float = 10.0
+    failed_error_grace_s: float = 0.5
+    """After `response.failed`, how long to wait for the `error` event that carries its status."""
+    connect_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for `websockets.asyncio.client.connect`."""
+
+
+@dataclass
+class SessionStats:
+    """Counters a user can read at any time; `bytes_http_equivalent` is what plain HTTP would have sent.
+
+    `bytes_http_equivalent` for a chained turn is computed incrementally (the chain's known history
+    size plus this turn's frame) rather than by serializing the history, so it is exact to within
+    a few bytes of field framing per turn.
+    """
+
+    turns: int = 0
+    turns_chained: int = 0
+    resends: int = 0
+    bytes_sent: int = 0
+    bytes_http_equivalent: int = 0
+    reconnects: int = 0
+    fallbacks: int = 0
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_http_equivalent - self.bytes_sent

@@ -1,0 +1,101 @@
+"""One `response.create` as the session sends it: chained when it can be, in full when it must be.
+
+Pure code: frames are built here and sent elsewhere. The chained frame carries only the new
+items, so its cost does not grow with the history; the full form is built lazily, only for a
+first turn, a resend or the HTTP fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pydantic
+
+from .chaining import Chain, Plan, dump_model
+
+TICKET_HEADER = "x-ws-transport-turn"
+"""Marks a request whose turn the wrapped `responses.create` already prepared (its body is empty)."""
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON as the SDK writes it: SDK models (the caller's history often holds the output
+    objects it got back) dumped as the SDK's own transform dumps them.
+
+    Input items carry no renamed or reformatted fields in the SDK's types, so for items this
+    equals the SDK's transform at a fraction of its cost (it walks every union per item).
+    """
+    return orjson.dumps(value, default=_default)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, pydantic.BaseModel):
+        return dump_model(value)
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+@dataclass
+class TurnRequest:
+    """A request split into its fields and its input, with the chain it may continue.
+
+    `fields` are the JSON-ready non-input fields; `http_body_bytes` is the full HTTP body when it
+    is already known (the transport path), else it is built only if needed.
+    """
+
+    fields: dict[str, Any]
+    plan: Plan
+    raw_input: Any
+    stream: bool
+    http_body_bytes: bytes | None = None
+    recorded: Chain | None = None
+    counted: bool = False
+    """Already in the session's turn count (a resend or an SDK retry is not a new turn)."""
+    input_nbytes: int = field(default=0, init=False)
+
+    @property
+    def chain(self) -> Chain | None:
+        return self.plan.chain
+
+    def can_chain(self, generation: int) -> bool:
+        chain = self.plan.chain
+        return chain is not None and bool(self.plan.new_items) and chain.usable_on(generation)
+
+    def frame(self, stream_id: str | None, *, chained: bool) -> tuple[bytes, int]:
+        """The `response.create` frame and the size the same request would have over HTTP."""
+        if not chained:
+            body = self.http_body()
+            self.input_nbytes = max(0, len(body) - len(encode_json(self.fields)))
+            return _splice(body, stream_id), len(body)
+        chain = self.plan.chain
+        assert chain is not None
+        new_items = encode_json(self.plan.new_items)
+        self.input_nbytes = chain.prefix_nbytes + len(new_items)
+        event: dict[str, Any] = {"type": "response.create", **self.fields}
+        event["previous_response_id"] = chain.response_id
+        if stream_id is not None:
+            event["stream_id"] = stream_id
+        head = encode_json(event)
+        frame = head[:-1] + b',"input":' + new_items + b"}"
+        return frame, len(frame) + chain.prefix_nbytes
+
+    def http_body(self) -> bytes:
+        """The body plain HTTP would send: every field and the whole input."""
+        if self.http_body_bytes is None:
+            self.http_body_bytes = encode_json({**self.fields, "input": self.raw_input, "stream": self.stream})
+        return self.http_body_bytes
+
+    def record_nbytes(self, output: list[Any]) -> int:
+        """What the items of the chain ending in `output` weigh as JSON: this input plus the output."""
+        return self.input_nbytes + len(encode_json(output))
+
+
+def _splice(body: bytes, stream_id: str | None) -> bytes:
+    """Turn an HTTP body (a JSON object) into a frame without re-encoding it."""
+    head = b'{"type":"response.create",'
+    if stream_id is not None:
+        head += b'"stream_id":' + orjson.dumps(stream_id) + b","
+    return head + body[1:]

@@ -1,0 +1,190 @@
+"""`wrap(client)`: WebSocket mode for an existing `openai` client, chained before the SDK serializes.
+
+Two layers, installed in place on the client:
+- its HTTP transport is replaced by one that sends `POST /responses` over the session and
+  everything else over the original transport (the universal path: `with_raw_response`,
+  `with_streaming_response`, `responses.parse`, copies of the client);
+- its `responses.create` (which `responses.stream` calls) is replaced by one that splits the
+  input against the session's chains while the items are still the caller's objects, so the
+  history is neither serialized by the SDK nor parsed again: only the new items are encoded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import httpx2
+from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
+from openai._base_client import make_request_options
+from openai._types import NOT_GIVEN
+from openai._utils import is_given, transform
+from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
+from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
+from .options import SessionOptions
+from .portal import Portal
+from .session import Session
+from .turn import TICKET_HEADER, TurnRequest
+
+ClientT = TypeVar("ClientT", OpenAI, AsyncOpenAI)
+
+REQUEST_ONLY = frozenset({"input", "stream", "extra_headers", "extra_query", "extra_body", "timeout"})
+"""Arguments of `responses.create` that are not request fields compared for chaining."""
+
+_tickets = itertools.count(1)
+
+
+def wrap(client: ClientT, options: SessionOptions | None = None, **option_fields: Any) -> ClientT:
+    """Route `client.responses.create/stream` over one persistent WebSocket session; returns `client`.
+
+    The client is changed in place (its HTTP transport and its `responses.create`) so that code
+    already holding it, and copies made with `with_options`, share the session. Closing the
+    client closes the sockets. Options: a `SessionOptions`, or its fields as keywords.
+    """
+    http = client._client
+    if isinstance(http._transport, (WebSocketTransport, AsyncWebSocketTransport)):
+        return client
+    if options is not None and option_fields:
+        raise TypeError("pass either a SessionOptions or its fields as keywords, not both")
+    options = options or SessionOptions(**option_fields)
+    if client.websocket_base_url is not None and options.websocket_url is None:
+        options = dataclasses.replace(options, websocket_url=_responses_url(client.websocket_base_url))
+    session = Session(options)
+    make = _transport_factory(client, session)
+    http._transport = make(http._transport)
+    http._mounts = {pattern: None if t is None else make(t) for pattern, t in http._mounts.items()}
+    _install(client, session)
+    return client
+
+
+def session_of(client: OpenAI | AsyncOpenAI) -> Session:
+    """The session behind a wrapped client (or one built on a WebSocket transport): stats, chains."""
+    transport = client._client._transport
+    if not isinstance(transport, (WebSocketTransport, AsyncWebSocketTransport)):
+        raise ValueError("this client is not wrapped by ws_transport")
+    return transport.session
+
+
+def _transport_factory(client: OpenAI | AsyncOpenAI, session: Session) -> Callable[[Any], Any]:
+    if isinstance(client, AsyncOpenAI):
+        return lambda inner: AsyncWebSocketTransport(inner, session=session)
+    portal = Portal()
+    return lambda inner: WebSocketTransport(inner, session=session, portal=portal)
+
+
+def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
+    """Wrap `responses.create` here and on every copy that shares this client's HTTP client."""
+    responses = client.responses
+    make = _async_create if isinstance(client, AsyncOpenAI) else _sync_create
+    responses.create = make(responses, session)  # type: ignore[method-assign]
+    original_copy = client.copy
+
+    @functools.wraps(original_copy)
+    def copy(**kwargs: Any) -> Any:
+        new = original_copy(**kwargs)
+        if new._client is client._client:
+            _install(new, session)
+        return new
+
+    client.copy = client.with_options = copy  # type: ignore[method-assign]
+
+
+def _sync_create(resource: Any, session: Session) -> Callable[..., Any]:
+    original = resource.create
+
+    @functools.wraps(original)
+    def create(**kwargs: Any) -> Any:
+        turn = prepare(session, kwargs)
+        if turn is None:
+            return original(**kwargs)
+        with _ticket(session, turn) as ticket:
+            result = resource._post(
+                "/responses",
+                body={},
+                options=_request_options(kwargs, ticket),
+                cast_to=Response,
+                stream=turn.stream,
+                stream_cls=Stream[ResponseStreamEvent],
+            )
+        _adopt(session, turn, result)
+        return result
+
+    return create
+
+
+def _async_create(resource: Any, session: Session) -> Callable[..., Any]:
+    original = resource.create
+
+    @functools.wraps(original)
+    async def create(**kwargs: Any) -> Any:
+        turn = prepare(session, kwargs)
+        if turn is None:
+            return await original(**kwargs)
+        with _ticket(session, turn) as ticket:
+            result = await resource._post(
+                "/responses",
+                body={},
+                options=_request_options(kwargs, ticket),
+                cast_to=Response,
+                stream=turn.stream,
+                stream_cls=AsyncStream[ResponseStreamEvent],
+            )
+        _adopt(session, turn, result)
+        return result
+
+    return create
+
+
+def prepare(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None:
+    """Split `responses.create(**kwargs)` against the session's chains; None leaves the call to the SDK."""
+    given = {k: v for k, v in kwargs.items() if is_given(v)}
+    extra_body = given.get("extra_body") or {}
+    if session.http_only or given.get("background") or not isinstance(extra_body, dict) or "input" in extra_body:
+        return None
+    params = {k: v for k, v in given.items() if k not in REQUEST_ONLY}
+    if extra_body:
+        params["extra_body"] = extra_body
+    raw_input = given.get("input")
+    plan = session.chains.plan(params, raw_input)
+    fields = plan.chain.fields if plan.chain is not None else None
+    if fields is None:
+        body = {k: v for k, v in params.items() if k != "extra_body"}
+        fields = {**transform(body, ResponseCreateParamsBase), **extra_body}
+    return TurnRequest(fields, plan, raw_input, stream=given.get("stream") is True)
+
+
+def _request_options(kwargs: dict[str, Any], ticket: str) -> Any:
+    return make_request_options(
+        extra_headers={**(kwargs.get("extra_headers") or {}), TICKET_HEADER: ticket},
+        extra_query=kwargs.get("extra_query"),
+        timeout=kwargs.get("timeout", NOT_GIVEN),
+        security={"bearer_auth": True},
+    )
+
+
+@contextlib.contextmanager
+def _ticket(session: Session, turn: TurnRequest) -> Iterator[str]:
+    """Hand the prepared turn to the transport for the duration of the SDK call (retries included)."""
+    ticket = str(next(_tickets))
+    session.tickets[ticket] = turn
+    try:
+        yield ticket
+    finally:
+        del session.tickets[ticket]
+
+
+def _adopt(session: Session, turn: TurnRequest, result: Any) -> None:
+    if turn.recorded is not None and isinstance(result, Response):
+        session.chains.adopt_output(turn.recorded, result.output)
+
+
+def _responses_url(base: str | httpx2.URL) -> str:
+    url = httpx2.URL(str(base))
+    path, separator, query = url.raw_path.partition(b"?")
+    return str(url.copy_with(raw_path=path.rstrip(b"/") + b"/responses" + separator + query))
