@@ -29,8 +29,8 @@ Use this module when you want:
 
 What the shim adds behind either one: WebSocket mode in front of any backend (vLLM, SGLang,
 Ollama, llama.cpp, Cerebras), none of which has it; connection-scoped state that survives
-`store=False` and a response store shared by every connection, so a reconnecting client or a
-second process can continue a stored chain; validators and classifiers that see only the new
+`store=False` and a response store shared by every connection of the server, so a reconnecting
+client can continue a stored chain; validators and classifiers that see only the new
 items; routing, failover and usage sinks (see `plugins.hookspecs`).
 """
 

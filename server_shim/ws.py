@@ -85,7 +85,7 @@ class ResponsesConnection:
                 self._start_close(CLOSE_MESSAGE_TOO_BIG, _too_large_error(self.settings.max_frame_bytes))
                 continue
             if self.state is ConnectionState.DRAINING:
-                await self.send(self._closing_error.event())
+                await self.send(_with_lane(self._closing_error.event(), _lane_of(data)))
                 continue
             await self._handle_frame(data)
 
@@ -210,6 +210,14 @@ def _decode(data: str | bytes) -> dict[str, Any]:
             "type",
         )
     return body
+
+
+def _lane_of(data: str | bytes) -> str | None:
+    """The frame's lane when it names a valid one, so a refusal reaches the right request."""
+    try:
+        return check_stream_id(_decode(data).get("stream_id"))
+    except APIError:
+        return None
 
 
 def _with_lane(event: dict[str, Any], stream_id: str | None) -> dict[str, Any]:

@@ -510,6 +510,22 @@ async def test_requests_after_the_age_limit_are_refused_while_draining(make_serv
     assert sum(e["type"] == "response.completed" for e in received) == 1
 
 
+async def test_a_refusal_while_draining_names_the_lane_of_the_refused_request(make_server):
+    server = make_server(connection_max_age_s=0.1, simulated_ttft_s=0.9)
+    async with ws_connect(ws_url(server)) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "slow", "stream_id": "a"}))
+        await asyncio.sleep(0.4)
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "late", "stream_id": "b"}))
+        received = []
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                received.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
+    refusals = [e for e in received if e["type"] == "error"]
+    assert refusals[0]["stream_id"] == "b"
+    assert refusals[0]["error"]["code"] == "websocket_connection_limit_reached"
+    assert all(e["stream_id"] == "a" for e in received if e["type"] != "error")
+
+
 async def test_a_client_that_disconnects_mid_response_leaves_the_server_serving(make_server):
     server = make_server(simulated_ttft_s=0.01, simulated_tokens_per_s=200)
     async with ws_connect(ws_url(server)) as ws:

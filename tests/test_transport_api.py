@@ -111,6 +111,8 @@ def test_caller_previous_response_id_passes_through(client: OpenAI, recorder: Re
     second = client.responses.create(model=MODEL, input=[user("more")], previous_response_id=first.id)
     assert second.previous_response_id == first.id
     assert recorder.turns[-1] == (1, first.id)
+    stats = ws_transport.session_of(client).stats
+    assert (stats.turns, stats.turns_chained) == (2, 1), "a caller's own chaining counts as chained"
 
 
 def test_extra_body_fields_reach_the_server(client: OpenAI) -> None:

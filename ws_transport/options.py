@@ -71,6 +71,7 @@ class SessionStats:
 
     turns: int = 0
     turns_chained: int = 0
+    """Turns sent with a `previous_response_id`: chained by the transport, or by the caller itself."""
     resends: int = 0
     bytes_sent: int = 0
     bytes_http_equivalent: int = 0
