@@ -9,6 +9,7 @@ from ..hookspecs import hookimpl
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from server_shim.backends import OpenAICompatibleBackend
     from server_shim.backends.base import Backend
     from server_shim.config import DeploymentConfig
 
@@ -26,29 +27,13 @@ def simulated(spec: DeploymentConfig) -> Backend:
 def openai_compatible(spec: DeploymentConfig) -> Backend:
     from server_shim.backends import OpenAICompatibleBackend
 
-    assert spec.base_url is not None
-    return OpenAICompatibleBackend(
-        spec.base_url,
-        api_key=spec.resolved_api_key(),
-        timeout_s=spec.timeout_s,
-        name=spec.name,
-        quirks=spec.quirks,
-        rate_limit_reserve_tokens=spec.rate_limit_reserve_tokens,
-    )
+    return _chat_backend(OpenAICompatibleBackend, spec)
 
 
 def cerebras(spec: DeploymentConfig) -> Backend:
     from server_shim.backends.cerebras import CerebrasBackend
 
-    assert spec.base_url is not None
-    return CerebrasBackend(
-        spec.base_url,
-        api_key=spec.resolved_api_key(),
-        timeout_s=spec.timeout_s,
-        name=spec.name,
-        quirks=spec.quirks,
-        rate_limit_reserve_tokens=spec.rate_limit_reserve_tokens,
-    )
+    return _chat_backend(CerebrasBackend, spec)
 
 
 def responses(spec: DeploymentConfig) -> Backend:
@@ -57,6 +42,18 @@ def responses(spec: DeploymentConfig) -> Backend:
     assert spec.base_url is not None
     return ResponsesPassthroughBackend(
         spec.base_url, api_key=spec.resolved_api_key(), timeout_s=spec.timeout_s, name=spec.name
+    )
+
+
+def _chat_backend(cls: type[OpenAICompatibleBackend], spec: DeploymentConfig) -> Backend:
+    assert spec.base_url is not None
+    return cls(
+        spec.base_url,
+        api_key=spec.resolved_api_key(),
+        timeout_s=spec.timeout_s,
+        name=spec.name,
+        quirks=spec.quirks,
+        rate_limit_reserve_tokens=spec.rate_limit_reserve_tokens,
     )
 
 

@@ -33,12 +33,12 @@ import orjson
 from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
-from .rate_limits import RateLimitState
+from .pooled import PooledHTTPBackend
 
 log = logging.getLogger(__name__)
 
 
-class OpenAICompatibleBackend:
+class OpenAICompatibleBackend(PooledHTTPBackend):
     """Streams `POST {base_url}/chat/completions` through one pooled HTTP client."""
 
     def __init__(
@@ -52,36 +52,17 @@ class OpenAICompatibleBackend:
         quirks: Quirks | None = None,
         rate_limit_reserve_tokens: int = 2048,
     ) -> None:
-        self.name = name
-        self.base_url = base_url.rstrip("/")
+        super().__init__(
+            base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            name=name,
+            max_connections=max_connections,
+            rate_limit_reserve_tokens=rate_limit_reserve_tokens,
+        )
         self.quirks = quirks or Quirks()
-        self.rate_limit = RateLimitState(reserve_tokens=rate_limit_reserve_tokens)
         self.sends_stream_options = self.quirks.stream_usage
         """Cleared, for good, the first time the server refuses `stream_options`."""
-        headers = {"content-type": "application/json"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._client = httpx2.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx2.Timeout(timeout_s, connect=10.0),
-            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def models(self) -> list[str]:
-        try:
-            response = await self._client.get("/models")
-        except httpx2.HTTPError as exc:
-            raise BackendError(f"backend {self.base_url} unreachable: {exc}") from exc
-        if response.status_code != 200:
-            raise BackendError(
-                f"backend {self.base_url} /models answered {response.status_code}",
-                status=response.status_code,
-            )
-        return [entry["id"] for entry in loads(response.content).get("data", [])]
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
         try:
@@ -94,19 +75,12 @@ class OpenAICompatibleBackend:
                         async for delta in _parse_stream(response.aiter_lines(), request):
                             yield delta
                         return
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    if with_options and response.status_code in (400, 422) and "stream_options" in detail:
+                    error = await self._status_error(response)
+                    if with_options and error.status in (400, 422) and "stream_options" in str(error):
                         log.warning("backend %s refuses stream_options; no longer sending it", self.base_url)
                         self.sends_stream_options = False
                         continue
-                    raise BackendError(
-                        f"backend answered HTTP {response.status_code}: {detail}",
-                        status=response.status_code,
-                        retryable=response.status_code >= 500 or response.status_code == 429,
-                        retry_after_s=self.rate_limit.retry_after(response.headers)
-                        if response.status_code == 429
-                        else None,
-                    )
+                    raise error
         except httpx2.HTTPError as exc:
             raise BackendError(f"backend {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
 

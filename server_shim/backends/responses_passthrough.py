@@ -17,62 +17,20 @@ import httpx2
 from ..errors import BackendError
 from ..render import encode
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, loads
-from .rate_limits import RateLimitState
+from .pooled import PooledHTTPBackend
 
 log = logging.getLogger(__name__)
 
 
-class ResponsesPassthroughBackend:
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 300.0,
-        name: str = "responses",
-        max_connections: int = 100,
-    ) -> None:
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        self.rate_limit = RateLimitState()
-        headers = {"content-type": "application/json"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._client = httpx2.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx2.Timeout(timeout_s, connect=10.0),
-            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def models(self) -> list[str]:
-        try:
-            response = await self._client.get("/models")
-        except httpx2.HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} unreachable: {exc}") from exc
-        if response.status_code != 200:
-            raise BackendError(
-                f"upstream {self.base_url} /models answered {response.status_code}", status=response.status_code
-            )
-        return [entry["id"] for entry in loads(response.content).get("data", [])]
+class ResponsesPassthroughBackend(PooledHTTPBackend):
+    """Streams `POST {base_url}/responses` (stateless) through one pooled HTTP client."""
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
         try:
             async with self._client.stream("POST", "/responses", content=responses_body(request)) as response:
                 self.rate_limit.update(response.headers)
                 if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    raise BackendError(
-                        f"upstream answered HTTP {response.status_code}: {detail}",
-                        status=response.status_code,
-                        retryable=response.status_code >= 500 or response.status_code == 429,
-                        retry_after_s=self.rate_limit.retry_after(response.headers)
-                        if response.status_code == 429
-                        else None,
-                    )
+                    raise await self._status_error(response)
                 async for delta in _parse_events(response.aiter_lines()):
                     yield delta
         except httpx2.HTTPError as exc:

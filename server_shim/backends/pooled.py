@@ -1,0 +1,61 @@
+"""What every HTTP backend shares: one pooled client, `/models`, and errors that carry their status."""
+
+from __future__ import annotations
+
+import httpx2
+
+from ..errors import BackendError
+from .base import loads
+from .rate_limits import RateLimitState
+
+
+class PooledHTTPBackend:
+    """One `httpx2.AsyncClient` per backend, reused by every request of every connection."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        name: str = "http",
+        max_connections: int = 100,
+        rate_limit_reserve_tokens: int = 2048,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.rate_limit = RateLimitState(reserve_tokens=rate_limit_reserve_tokens)
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._client = httpx2.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx2.Timeout(timeout_s, connect=10.0),
+            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def models(self) -> list[str]:
+        try:
+            response = await self._client.get("/models")
+        except httpx2.HTTPError as exc:
+            raise BackendError(f"backend {self.base_url} unreachable: {exc}") from exc
+        if response.status_code != 200:
+            raise BackendError(
+                f"backend {self.base_url} /models answered {response.status_code}", status=response.status_code
+            )
+        return [entry["id"] for entry in loads(response.content).get("data", [])]
+
+    async def _status_error(self, response: httpx2.Response) -> BackendError:
+        """The error for a non-200 answer: 5xx and 429 may be retried elsewhere, 429 says when."""
+        status = response.status_code
+        detail = (await response.aread()).decode(errors="replace")[:500]
+        return BackendError(
+            f"backend answered HTTP {status}: {detail}",
+            status=status,
+            retryable=status >= 500 or status == 429,
+            retry_after_s=self.rate_limit.retry_after(response.headers) if status == 429 else None,
+        )
