@@ -19,13 +19,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends import SimulatedBackend
 from server_shim.demo import MODEL, LoopResult, http_loop, next_user_message, tool_result, websocket_loop
 
 from . import plot
+
+if TYPE_CHECKING:
+    from plugins.langchain import Transport
 from .common import (
     Recorder,
     TimedBackend,
@@ -78,7 +81,7 @@ CLIENT_PREPARE_MS: dict[str, list[list[float]]] = {}
 """Per LangChain run, the ms `ChatOpenAI` spent turning the history into a request, per turn."""
 
 
-async def langchain_loop(base_url: str, turns: int, payload_bytes: int, transport: str) -> LoopResult:
+async def langchain_loop(base_url: str, turns: int, payload_bytes: int, transport: Transport) -> LoopResult:
     """`create_agent` with `plugins.langchain.ChatOpenAI(transport=...)`, the demo's conversation turn for turn.
 
     Each user message asks for one `lookup` (a model turn that calls it, then one that answers its
@@ -90,6 +93,7 @@ async def langchain_loop(base_url: str, turns: int, payload_bytes: int, transpor
     from langchain.agents.middleware import AgentMiddleware, hook_config
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
+    from pydantic import SecretStr
 
     from plugins.langchain import ChatOpenAI
 
@@ -125,7 +129,7 @@ async def langchain_loop(base_url: str, turns: int, payload_bytes: int, transpor
         def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
             return {"jump_to": "end"} if len(result.turn_seconds) >= turns else None
 
-    model = TimedChatOpenAI(model=MODEL, base_url=base_url, api_key="demo", transport=transport, store=False)
+    model = TimedChatOpenAI(model=MODEL, base_url=base_url, api_key=SecretStr("demo"), transport=transport, store=False)
     agent = create_agent(model, [lookup], middleware=[Turns()])
     history: list[Any] = []
     start = time.perf_counter()

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,7 +229,7 @@ class TimedBackend:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def stream(self, request: Any) -> AsyncIterator[Any]:
+    async def stream(self, request: Any) -> AsyncGenerator[Any, None]:
         recorder = self.recorder
         recorder.backend_calls += 1
         prompt = getattr(request, "prompt", None)

@@ -11,21 +11,23 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
+from openai.types.responses import FunctionToolParam, ResponseInputParam
 
 from .app import create_app
 from .server import BackgroundServer
 from .settings import Settings
 
 MODEL = "simulated-1"
-TOOLS = [
+TOOLS: list[FunctionToolParam] = [
     {
         "type": "function",
         "name": "lookup",
         "description": "Look up a record by number.",
         "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+        "strict": False,
     }
 ]
 
@@ -80,7 +82,9 @@ async def http_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult
         start = time.perf_counter()
         for turn in range(turns):
             t0 = time.perf_counter()
-            response = await client.responses.create(model=MODEL, input=history, tools=TOOLS, store=False)
+            response = await client.responses.create(
+                model=MODEL, input=cast(ResponseInputParam, history), tools=TOOLS, store=False
+            )
             result.turn_seconds.append(time.perf_counter() - t0)
             result.outputs.append(response.output_text or response.output[0].type)
             history += as_input(response.output) + follow_up(response.output, turn + 1, payload_bytes)
@@ -100,10 +104,10 @@ async def websocket_loop(base_url: str, turns: int, payload_bytes: int) -> LoopR
             t0 = time.perf_counter()
             await conn.response.create(
                 model=MODEL,
-                input=new_items,
+                input=cast(ResponseInputParam, new_items),
                 tools=TOOLS,
                 store=False,
-                previous_response_id=previous_id,  # type: ignore[arg-type]
+                previous_response_id=previous_id,
             )
             async for event in conn:
                 if event.type == "error":

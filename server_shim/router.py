@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from .backends.base import Backend, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
@@ -163,7 +163,7 @@ class Router:
         rest = [d for d in serving if d not in usable and d.health.available]
         return usable + rest
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
+    async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         candidates = self.candidates(request.model, request.deployment)
         if not candidates:
             raise BackendError(f"no available deployment serves model {request.model!r}", status=503, retryable=False)
@@ -186,7 +186,7 @@ class Router:
         assert last_error is not None
         raise last_error
 
-    async def _stream_one(self, deployment: Deployment, request: BackendRequest) -> AsyncIterator[Delta]:
+    async def _stream_one(self, deployment: Deployment, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         routed = replace(request, model=deployment.backend_model(request.model))
         deployment.in_flight += 1
         start = time.perf_counter()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .backends.base import Backend, BackendRequest
@@ -119,7 +119,7 @@ class Turn:
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         await self.prepare()
         plan = self._plan
         assert plan is not None

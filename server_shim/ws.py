@@ -101,13 +101,13 @@ class ResponsesConnection:
         lane = self._lanes.get(stream_id)
         if lane is None:
             if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:
-                error = APIError(
+                limit = APIError(
                     400,
                     "websocket_stream_limit_reached",
                     f"At most {self.settings.max_lanes} stream_id lanes may be active on one connection.",
                     "stream_id",
                 )
-                await self.send(_with_lane(error.event(), stream_id))
+                await self.send(_with_lane(limit.event(), stream_id))
                 return
             lane = self._lanes[stream_id] = _Lane()
         lane.queue.put_nowait(request)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,7 +90,7 @@ class Backend(Protocol):
 
     name: str
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Delta]: ...
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]: ...
 
     async def models(self) -> list[str]: ...
 

@@ -23,7 +23,7 @@ llama-cpp-python 0.3.36; the others from their documentation):
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -64,7 +64,7 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
         self.sends_stream_options = self.quirks.stream_usage
         """Cleared, for good, the first time the server refuses `stream_options`."""
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
+    async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         try:
             while True:
                 with_options = self.sends_stream_options
@@ -103,7 +103,7 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
         return request.body(stream=False, extra={"stream": True})
 
 
-async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> AsyncIterator[Delta]:
+async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> AsyncGenerator[Delta, None]:
     """Turn SSE chunk lines into deltas; count tokens ourselves when the backend sends no usage."""
     finish: str | None = None
     usage: Usage | None = None

@@ -9,7 +9,7 @@ the same deltas every backend yields.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx2
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class ResponsesPassthroughBackend(PooledHTTPBackend):
     """Streams `POST {base_url}/responses` (stateless) through one pooled HTTP client."""
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
+    async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         try:
             async with self._client.stream("POST", "/responses", content=responses_body(request)) as response:
                 self.rate_limit.update(response.headers)
@@ -85,7 +85,7 @@ def to_items(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
     return items
 
 
-async def _parse_events(lines: AsyncIterator[str]) -> AsyncIterator[Delta]:
+async def _parse_events(lines: AsyncIterator[str]) -> AsyncGenerator[Delta, None]:
     calls: dict[int, str] = {}
     async for line in lines:
         if not line.startswith("data:"):

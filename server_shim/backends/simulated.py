@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens
@@ -36,7 +36,7 @@ class SimulatedBackend:
     async def aclose(self) -> None:
         return None
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
+    async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         call = _requested_call(request)
         pieces = _call_pieces(call, len(request.prompt.messages)) if call else _text_pieces(request)
         pacer = _Pacer(self.ttft_s, self.tokens_per_s)
