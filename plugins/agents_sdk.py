@@ -46,6 +46,8 @@ from openai import AsyncOpenAI
 
 import ws_transport
 
+from .transport import wrap as wrap_client
+
 
 def wrapped_client(
     client: AsyncOpenAI | None = None, *, base_url: str | None = None, api_key: str | None = None, **options: Any
@@ -53,7 +55,7 @@ def wrapped_client(
     """`client` (or a new `AsyncOpenAI(base_url=..., api_key=...)`) wrapped in place; options: `SessionOptions` fields."""
     if client is None:
         client = AsyncOpenAI(base_url=base_url, api_key=api_key)
-    return ws_transport.wrap(client, **options)
+    return wrap_client(client, **options)
 
 
 def websocket_model(model: str, client: AsyncOpenAI | None = None, **client_args: Any) -> OpenAIResponsesModel:

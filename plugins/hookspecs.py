@@ -78,7 +78,8 @@ def responses_ws_response_finished(response: dict[str, Any], transport: str) -> 
 
 @hookspec(firstresult=True)
 def responses_ws_transport_options(client: Any) -> dict[str, Any] | None:
-    """Default options for `ws_transport.wrap(client, ...)`; the first non-None answer wins.
+    """Default `ws_transport.SessionOptions` fields for a client wrapped by `plugins.transport.wrap`
+    (the LangChain and Agents SDK integrations use it); the first non-None answer wins.
 
     Explicit keyword arguments to `wrap()` override these.
     """
@@ -86,13 +87,16 @@ def responses_ws_transport_options(client: Any) -> dict[str, Any] | None:
 
 @hookspec
 def responses_ws_client_request(request: dict[str, Any]) -> None:
-    """Called with each `response.create` payload just before the transport sends it.
+    """Called with each `response.create` payload as the transport sends it (after chaining).
 
-    The payload is what goes on the wire (after incremental chaining); mutate it only to add
-    fields the server understands.
+    The payload is a copy of what goes on the wire, for logging, tracing or accounting; changes
+    to it are not sent. Errors are logged and never fail the request.
     """
 
 
 @hookspec
-def responses_ws_client_event(event: Any) -> None:
-    """Called with each server event the transport receives, before the caller sees it."""
+def responses_ws_client_event(event: dict[str, Any]) -> None:
+    """Called with each server event of a turn (a JSON object) before the caller sees it.
+
+    Errors are logged and never fail the request.
+    """

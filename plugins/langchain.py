@@ -54,6 +54,8 @@ from pydantic import Field, PrivateAttr, model_validator
 
 import ws_transport
 
+from .transport import wrap as wrap_client
+
 log = logging.getLogger(__name__)
 
 Transport = Literal["http", "websocket"]
@@ -197,13 +199,13 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         owned = (self.http_client is None, self.http_async_client is None)
         if self.root_client is not None:
             self.root_client, sync_inner = _own_client(self.root_client, self.http_client, asynchronous=False)
-            ws_transport.wrap(self.root_client, **self.transport_options)
+            wrap_client(self.root_client, **self.transport_options)
             self.client = self.root_client.chat.completions
         if self.root_async_client is not None:
             self.root_async_client, async_inner = _own_client(
                 self.root_async_client, self.http_async_client, asynchronous=True
             )
-            ws_transport.wrap(self.root_async_client, **self.transport_options)
+            wrap_client(self.root_async_client, **self.transport_options)
             self.async_client = self.root_async_client.chat.completions
         self._sessions = AgentSessions(
             self.root_client,
@@ -568,7 +570,7 @@ class AgentSessions:
             client = self._sync.get(key)
             if client is None:
                 http = openai.DefaultHttpxClient(transport=_Borrowed(self.sync_inner))
-                client = ws_transport.wrap(self.sync_root.copy(http_client=http), **self.options)
+                client = wrap_client(self.sync_root.copy(http_client=http), **self.options)
                 self._sync[key] = client
                 while len(self._sync) > self.capacity:
                     evicted.append(self._sync.popitem(last=False)[1])
@@ -589,7 +591,7 @@ class AgentSessions:
                 entry = None
             if entry is None:
                 http = openai.DefaultAsyncHttpxClient(transport=_AsyncBorrowed(self.async_inner))
-                entry = (ws_transport.wrap(self.async_root.copy(http_client=http), **self.options), loop)
+                entry = (wrap_client(self.async_root.copy(http_client=http), **self.options), loop)
                 self._async[key] = entry
                 while len(self._async) > self.capacity:
                     evicted.append(self._async.popitem(last=False)[1])

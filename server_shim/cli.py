@@ -20,12 +20,30 @@ def _serve(args: argparse.Namespace) -> int:
         "api_keys": args.api_key or None,
         "backend_api_key": args.backend_api_key,
     }
+    config = None
     if args.config:
-        settings = Settings.from_file(args.config, **overrides)
+        from pydantic import ValidationError
+
+        from .config import ShimConfig
+
+        try:
+            config = ShimConfig.load(args.config)
+        except (OSError, ValueError, ValidationError) as exc:
+            print(f"{args.config}: invalid config\n{exc}", file=sys.stderr)
+            return 2
+        if config.deployments and args.backend:
+            print("--backend and a config with [[deployments]] both name backends: use one", file=sys.stderr)
+            return 2
+        settings = config.settings(**overrides)
     else:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, settings.backend)
-    serve(settings, log_level=args.log_level.lower())
+    where = (
+        f"{len(config.deployments)} deployment(s) from {args.config}"
+        if config and config.deployments
+        else settings.backend
+    )
+    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, where)
+    serve(settings, config=config if config and config.deployments else None, log_level=args.log_level.lower())
     return 0
 
 

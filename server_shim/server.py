@@ -11,6 +11,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from .app import ShimState, create_app
+from .config import ShimConfig
 from .settings import Settings
 
 
@@ -40,8 +41,8 @@ def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvic
     )
 
 
-def serve(settings: Settings, *, log_level: str = "info") -> None:
-    app = create_app(settings)
+def serve(settings: Settings, *, config: ShimConfig | None = None, log_level: str = "info") -> None:
+    app = create_app(settings, config=config)
     server = ShimServer(uvicorn_config(app, settings, log_level=log_level), app.state.shim)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
         asyncio.run(server.serve())

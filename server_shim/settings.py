@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-from typing import Any
-
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -40,11 +36,3 @@ class Settings(BaseSettings):
 
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides: Any) -> Settings:
-        """Load `[server]` from a TOML file; explicit overrides (CLI flags) win."""
-        data = tomllib.loads(Path(path).read_text())
-        values = dict(data.get("server", {}))
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)

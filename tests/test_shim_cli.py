@@ -119,3 +119,33 @@ async def test_serve_reads_a_config_file_and_flags_override_it(serve_process, tm
     )
     assert reply.status_code == 200 and reply.json()["status"] == "completed"
     stop_cleanly(process, signal.SIGTERM)
+
+
+async def test_serve_routes_the_deployments_of_a_config_file(serve_process, tmp_path):
+    port = closed_port()
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        '[routing]\npolicy = "least_latency"\n'
+        '[[deployments]]\nname = "sim"\nkind = "simulated"\nmodels = { "team-model" = "simulated-1" }\n'
+    )
+    process = serve_process("--config", str(config), "--port", str(port))
+    await asyncio.to_thread(wait_healthy, port, process)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    assert [m["id"] for m in httpx2.get(base_url + "/models").json()["data"]] == ["team-model"]
+    assert httpx2.get(f"http://127.0.0.1:{port}/readyz").json()["deployments"]["sim"]["available"]
+    async with AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as sdk, sdk.responses.connect() as conn:
+        completed_ok(await run_turn(conn, model="team-model", input="hi", store=False))
+    stop_cleanly(process)
+
+
+def test_serve_refuses_both_backend_and_config_deployments(tmp_path):
+    config = tmp_path / "sidecar.toml"
+    config.write_text('[[deployments]]\nname = "sim"\nkind = "simulated"\nmodels = { "m" = "simulated-1" }\n')
+    result = subprocess.run(
+        [str(SCRIPT), "serve", "--config", str(config), "--backend", "http://127.0.0.1:9/v1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--backend and a config with [[deployments]] both name backends" in result.stderr

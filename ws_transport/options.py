@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,10 @@ class SessionOptions:
     """After `response.failed`, how long to wait for the `error` event that carries its status."""
     connect_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for `websockets.asyncio.client.connect`."""
+    on_request: Callable[[dict[str, Any]], None] | None = None
+    """Observer: a copy of each `response.create` payload as it goes on the wire (after chaining)."""
+    on_event: Callable[[dict[str, Any]], None] | None = None
+    """Observer: each server event of a turn, before the caller sees it. Observer errors are logged."""
 
 
 @dataclass

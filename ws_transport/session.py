@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -216,7 +216,7 @@ class Session:
                 chained = not resent and turn.can_chain(conn.generation)
                 await self._send(conn, lane, turn, chained=chained)
                 attempt.sent = True
-                event = await conn.next_event(lane, read_timeout)
+                event = await self._next_event(conn, lane, read_timeout)
                 if event.get("type") == "error":
                     attempt.finished = True
                     self._resend_or_reject(conn, turn, event, chained=chained, resent=resent)
@@ -264,7 +264,13 @@ class Session:
                 if trailing is not None:
                     yield trailing
                 return
-            event = await conn.next_event(lane, timeout)
+            event = await self._next_event(conn, lane, timeout)
+
+    async def _next_event(self, conn: Connection, lane: str | None, timeout: float | None) -> dict[str, Any]:
+        event = await conn.next_event(lane, timeout)
+        if self.options.on_event is not None:
+            _observe(self.options.on_event, event)
+        return event
 
     def _check_resendable(self, lost: ConnectionLost, attempt: _Attempt, *, resent: bool) -> None:
         """Raise unless the turn can be resent in full: once, before the caller saw anything, for a
@@ -282,7 +288,7 @@ class Session:
     async def _trailing_error(self, conn: Connection, lane: str | None) -> dict[str, Any] | None:
         """The `error` event that may follow `response.failed`: it carries the status HTTP would return."""
         try:
-            event = await conn.next_event(lane, self.options.failed_error_grace_s)
+            event = await self._next_event(conn, lane, self.options.failed_error_grace_s)
         except (TimeoutError, ConnectionLost):
             return None
         return event if event.get("type") == "error" else None
@@ -300,6 +306,8 @@ class Session:
 
     async def _send(self, conn: Connection, lane: str | None, turn: TurnRequest, *, chained: bool) -> None:
         frame, http_equivalent = turn.frame(lane, chained=chained)
+        if self.options.on_request is not None:
+            _observe(self.options.on_request, orjson.loads(frame))
         await conn.send(frame)
         stats = self.stats
         stats.bytes_sent += len(frame)
@@ -457,6 +465,14 @@ class Session:
         connections, self._connections = self._connections, []
         await asyncio.gather(*(c.aclose() for c in connections), *self._closers, return_exceptions=True)
         self._notify()
+
+
+def _observe(observer: Callable[[dict[str, Any]], None], payload: dict[str, Any]) -> None:
+    """Observers see traffic; they must not break a turn, so their errors are logged and dropped."""
+    try:
+        observer(payload)
+    except Exception:
+        log.exception("ws_transport: observer %r failed", observer)
 
 
 def websocket_url(url: httpx2.URL) -> str:
