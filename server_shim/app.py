@@ -138,12 +138,18 @@ def _flatten(groups: list[list[Any]]) -> list[Any]:
 
 
 def _plugin_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str], Awaitable[None]]:
-    """Every plugin's `responses_ws_response_finished`, awaiting those that return awaitables."""
+    """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other."""
+    hook = manager.hook.responses_ws_response_finished
 
     async def sink(response: dict[str, Any], transport: str) -> None:
-        for result in manager.hook.responses_ws_response_finished(response=response, transport=transport):
-            if inspect.isawaitable(result):
-                await result
+        args = {"response": response, "transport": transport}
+        for impl in reversed(hook.get_hookimpls()):
+            try:
+                result = impl.function(*(args[name] for name in impl.argnames))
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("post-inference sink of plugin %s failed for %s", impl.plugin_name, response["id"])
 
     return sink
 
