@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +52,6 @@ class ResponsesConnection:
         self.settings = settings
         self.cache = ConnectionCache(settings.cache_max_responses, settings.cache_max_bytes)
         self.state = ConnectionState.OPEN
-        self.opened_at = time.monotonic()
         self._lanes: dict[str | None, _Lane] = {}
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._send_lock = asyncio.Lock()
@@ -128,7 +126,7 @@ class ResponsesConnection:
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
 
-    async def _run_turn(self, request: Any, stream_id: str | None) -> None:
+    async def _run_turn(self, request: CreateRequest, stream_id: str | None) -> None:
         turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id)
         try:
             async with contextlib.aclosing(turn.events()) as events:
