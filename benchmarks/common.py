@@ -226,6 +226,9 @@ class TimedBackend:
     async def models(self) -> list[str]:
         return await self.inner.models()
 
+    async def release(self, connection_id: str) -> None:
+        await self.inner.release(connection_id)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 

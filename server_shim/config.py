@@ -43,6 +43,9 @@ class DeploymentConfig(BaseModel):
     tokens_per_minute: int | None = Field(default=None, ge=1)
     timeout_s: float = 300.0
     quirks: Quirks | None = Field(default=None, description="defaults per kind; cerebras has its own")
+    upstream_websocket: bool = Field(
+        default=False, description="kind 'responses': one upstream WebSocket per client connection, chained upstream"
+    )
     rate_limit_reserve_tokens: int = Field(
         default=2048, ge=0, description="route elsewhere when the backend reports fewer tokens left this minute"
     )

@@ -174,10 +174,16 @@ class Router:
                 log.warning("failing over from %s to %s", candidates[index - 1].name, deployment.name)
             started = False
             try:
-                async for delta in self._stream_one(deployment, request):
+                routed = replace(
+                    request,
+                    model=deployment.backend_model(request.model),
+                    carry=dict(request.carry) if deployment.name == request.deployment else {},
+                )
+                async for delta in self._stream_one(deployment, routed):
                     started = True
                     yield delta
                 request.deployment = deployment.name
+                request.carry = routed.carry
                 return
             except BackendError as exc:
                 last_error = exc
@@ -186,8 +192,7 @@ class Router:
         assert last_error is not None
         raise last_error
 
-    async def _stream_one(self, deployment: Deployment, request: BackendRequest) -> AsyncGenerator[Delta, None]:
-        routed = replace(request, model=deployment.backend_model(request.model))
+    async def _stream_one(self, deployment: Deployment, routed: BackendRequest) -> AsyncGenerator[Delta, None]:
         deployment.in_flight += 1
         start = time.perf_counter()
         first: float | None = None
@@ -248,6 +253,9 @@ class Router:
             }
             for d in self.deployments.values()
         }
+
+    async def release(self, connection_id: str) -> None:
+        await asyncio.gather(*(d.backend.release(connection_id) for d in self.deployments.values()))
 
     async def aclose(self) -> None:
         if self._health_task is not None:

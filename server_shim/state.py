@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .items import Item
@@ -22,6 +22,7 @@ class ResponseState:
     prompt: ChatPrompt
     call_ids: frozenset[str]
     deployment: str | None = None
+    carry: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:

@@ -56,6 +56,8 @@ class _Plan:
     call_ids: frozenset[str]
     cached_prefix_nbytes: int
     deployment: str | None
+    carry: dict
+    prefix_messages: int
     labels: dict[str, str]
 
 
@@ -79,11 +81,13 @@ class Turn:
         *,
         stream_id: str | None = None,
         transport: str = "websocket",
+        connection_id: str | None = None,
     ) -> None:
         self.request = request
         self.env = env
         self.cache = cache
         self.transport = transport
+        self.connection_id = connection_id
         self.seq = EventSequence(stream_id)
         self.result = TurnResult()
         self._plan: _Plan | None = None
@@ -114,6 +118,8 @@ class Turn:
             call_ids=known_calls | introduced,
             cached_prefix_nbytes=base.nbytes,
             deployment=previous.deployment if previous else None,
+            carry=dict(previous.carry) if previous else {},
+            prefix_messages=len(base.messages),
             labels=labels,
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
@@ -142,6 +148,9 @@ class Turn:
                 options=_sampling_options(request),
                 cached_prefix_nbytes=plan.cached_prefix_nbytes,
                 deployment=plan.deployment,
+                connection_id=self.connection_id,
+                prefix_messages=plan.prefix_messages,
+                carry=plan.carry,
             )
             failure: BackendError | None = None
             try:
@@ -159,6 +168,7 @@ class Turn:
                     yield event
                 return
             plan.deployment = backend_request.deployment
+            plan.carry = backend_request.carry
         incomplete = assembler.finish == "length"
         for event in assembler.close("incomplete" if incomplete else "completed"):
             yield event
@@ -228,6 +238,7 @@ class Turn:
             prompt=plan.prompt.extend(render_items(output)),
             call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] == "function_call"},
             deployment=plan.deployment,
+            carry=plan.carry,
         )
         if self.cache is not None:
             self.cache.put(state)

@@ -19,6 +19,7 @@ import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .errors import APIError, internal_error, invalid
+from .events import new_id
 from .requests import CreateRequest, check_stream_id, parse_create
 from .state import ConnectionCache
 from .turn import Turn
@@ -57,6 +58,7 @@ class ResponsesConnection:
         self._send_lock = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
+        self.id = new_id("conn")
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -69,6 +71,7 @@ class ResponsesConnection:
             age_limit.cancel()
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
+            await self.shim.env.backend.release(self.id)
 
     async def _receive_loop(self) -> None:
         while self.state is not ConnectionState.CLOSED:
@@ -127,7 +130,7 @@ class ResponsesConnection:
                 del self._lanes[stream_id]
 
     async def _run_turn(self, request: CreateRequest, stream_id: str | None) -> None:
-        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id)
+        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id)
         try:
             async with contextlib.aclosing(turn.events()) as events:
                 async for event in events:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -83,3 +84,74 @@ async def test_upstream_down_is_a_backend_error_and_the_connection_survives(shim
                 assert event.error.code == "backend_error"
                 break
         assert types[-2:] == ["response.failed", "error"]
+
+
+@pytest.fixture
+def chained_shims() -> Iterator[tuple[BackgroundServer, BackgroundServer, list[dict[str, Any]]]]:
+    """The front shim keeps one upstream WebSocket per client connection and chains upstream."""
+    seen: list[dict[str, Any]] = []
+
+    def record(new_items, previous, request):
+        seen.append({"items": len(new_items), "previous": request.previous_response_id})
+
+    upstream_settings = Settings(cache_max_responses=1)
+    with BackgroundServer(create_app(upstream_settings, validators=[record]), upstream_settings) as upstream:
+        cfg = ShimConfig.model_validate(
+            {
+                "deployments": [
+                    {
+                        "name": "up",
+                        "kind": "responses",
+                        "base_url": upstream.base_url,
+                        "models": {"m": "simulated-1"},
+                        "upstream_websocket": True,
+                    }
+                ]
+            }
+        )
+        with BackgroundServer(create_app(cfg.settings(), config=cfg), cfg.settings()) as front:
+            yield front, upstream, seen
+
+
+async def completed(conn: Any, **create: Any) -> Any:
+    await conn.response.create(model="m", **create)
+    async for event in conn:
+        if event.type in ("response.completed", "error"):
+            assert event.type == "response.completed", event
+            return event.response
+
+
+async def test_upstream_websocket_chains_upstream_with_only_the_new_items(chained_shims):
+    front, upstream, seen = chained_shims
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client, client.responses.connect() as conn:
+        first = await completed(conn, input="hello", store=False)
+        second = await completed(conn, input="more", previous_response_id=first.id, store=False)
+        call = await completed(
+            conn, input="call lookup " + json.dumps({"n": 1}), tools=[TOOL], previous_response_id=second.id
+        )
+        assert call.output[0].type == "function_call"
+        answer = await completed(
+            conn,
+            input=[{"type": "function_call_output", "call_id": call.output[0].call_id, "output": "record 1"}],
+            tools=[TOOL],
+            previous_response_id=call.id,
+        )
+        assert "record 1" in answer.output_text
+        assert len(upstream.shim.connections) == 1, "one upstream socket for this client connection"
+    assert [turn["items"] for turn in seen] == [1, 1, 1, 1], "upstream received only the new items"
+    assert seen[0]["previous"] is None and all(turn["previous"] for turn in seen[1:])
+    deadline = asyncio.get_running_loop().time() + 5
+    while upstream.shim.connections and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    assert not upstream.shim.connections, "the upstream socket closed with the client connection"
+
+
+async def test_a_response_the_upstream_lost_is_resent_in_full_once(chained_shims):
+    front, _, seen = chained_shims
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client, client.responses.connect() as conn:
+        a1 = await completed(conn, input="conversation a", store=False)
+        await completed(conn, input="conversation b", store=False)  # the upstream cache holds one response
+        a2 = await completed(conn, input="a continues", previous_response_id=a1.id, store=False)
+        assert a2.status == "completed"
+    assert [turn["items"] for turn in seen] == [1, 1, 3]
+    assert [turn["previous"] is not None for turn in seen] == [False, False, False]

@@ -31,6 +31,9 @@ class Flaky:
             raise BackendError(f"{self.name} down")
         return [self.name]
 
+    async def release(self, connection_id: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

@@ -34,6 +34,9 @@ class ScriptedBackend:
     async def models(self) -> list[str]:
         return [MODEL]
 
+    async def release(self, connection_id: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

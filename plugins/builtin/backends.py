@@ -41,7 +41,11 @@ def responses(spec: DeploymentConfig) -> Backend:
 
     assert spec.base_url is not None
     return ResponsesPassthroughBackend(
-        spec.base_url, api_key=spec.resolved_api_key(), timeout_s=spec.timeout_s, name=spec.name
+        spec.base_url,
+        api_key=spec.resolved_api_key(),
+        timeout_s=spec.timeout_s,
+        name=spec.name,
+        websocket=spec.upstream_websocket,
     )
 
 

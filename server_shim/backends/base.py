@@ -26,6 +26,13 @@ class BackendRequest:
     """Bytes of the history already sent on an earlier turn: the part a prefix cache can reuse."""
     deployment: str | None = None
     """The conversation's route: in, the previous turn's deployment; out, the one that served."""
+    connection_id: str | None = None
+    """The client connection this turn runs on (None over HTTP), for backends that keep state per connection."""
+    prefix_messages: int = 0
+    """How many messages of `prompt` the previous turn already had (its input and output)."""
+    carry: dict[str, Any] = field(default_factory=dict)
+    """What a backend keeps for the conversation between turns (an upstream response id, say):
+    in, the previous turn's; out, this turn's. Empty when the route changed deployment."""
 
     def body(self, *, stream: bool = True, extra: dict[str, Any] | None = None) -> bytes:
         """The Chat Completions JSON body; the history is joined from cached bytes."""
@@ -84,8 +91,9 @@ class Backend(Protocol):
 
     `stream` yields deltas for one request and raises `BackendError` when the backend is
     unreachable, answers with an error status, or ends the stream before finishing. It must
-    release its HTTP resources when the consumer stops early. `aclose` releases pooled
-    connections; the backend is unusable afterwards.
+    release its HTTP resources when the consumer stops early. `release` is called when a client
+    connection ends, for what the backend kept for it. `aclose` releases pooled connections;
+    the backend is unusable afterwards.
     """
 
     name: str
@@ -93,6 +101,8 @@ class Backend(Protocol):
     def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]: ...
 
     async def models(self) -> list[str]: ...
+
+    async def release(self, connection_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
 

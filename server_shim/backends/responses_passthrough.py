@@ -1,18 +1,27 @@
-"""Upstreams that speak `/v1/responses` themselves (vLLM, OpenAI, another shim), over HTTP.
+"""Upstreams that speak `/v1/responses` themselves (vLLM, OpenAI, another shim).
 
-The shim keeps the conversation state; the upstream gets the whole conversation each turn as
-Responses input items with `store: false`, so nothing depends on the upstream's own response
-store (vLLM's is an in-process dict, gone on restart). Its event stream is read back into
-the same deltas every backend yields.
+Over HTTP (the default) the upstream gets the whole conversation each turn as Responses input
+items with `store: false`, so nothing depends on its own response store (vLLM's is an
+in-process dict, gone on restart).
+
+With `websocket=True`, each client connection of the shim gets one upstream WebSocket of its
+own, opened on its first turn and closed when the client connection ends. A conversation then
+continues upstream with `previous_response_id` and only its new items, the upstream's response
+id kept in the turn's `carry`; when the upstream has lost that response, the turn is resent
+once in full. Turns of one client connection take the upstream socket one at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
+import websockets
+from websockets.asyncio.client import ClientConnection
 
 from ..errors import BackendError
 from ..render import encode
@@ -21,31 +30,108 @@ from .pooled import PooledHTTPBackend
 
 log = logging.getLogger(__name__)
 
+UPSTREAM_RESPONSE_ID = "upstream_response_id"
+
+
+@dataclass
+class _Upstream:
+    socket: ClientConnection
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
 
 class ResponsesPassthroughBackend(PooledHTTPBackend):
-    """Streams `POST {base_url}/responses` (stateless) through one pooled HTTP client."""
+    """Streams `POST {base_url}/responses`, or `response.create` over one upstream socket per client connection."""
+
+    def __init__(self, base_url: str, *, websocket: bool = False, api_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, api_key=api_key, **kwargs)
+        self.websocket = websocket
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._upstreams: dict[str, _Upstream] = {}
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
+        if self.websocket and request.connection_id is not None:
+            async for delta in self._stream_websocket(request, request.connection_id):
+                yield delta
+            return
         try:
             async with self._client.stream("POST", "/responses", content=responses_body(request)) as response:
                 self.rate_limit.update(response.headers)
                 if response.status_code != 200:
                     raise await self._status_error(response)
-                async for delta in _parse_events(response.aiter_lines()):
-                    yield delta
+                reader = _EventReader()
+                async for line in _data_lines(response.aiter_lines()):
+                    for delta in reader.feed(loads(line)):
+                        yield delta
+                    if reader.done:
+                        return
+                raise BackendError("upstream stream ended before the response finished")
         except httpx2.HTTPError as exc:
             raise BackendError(f"upstream {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
 
+    async def _stream_websocket(self, request: BackendRequest, connection_id: str) -> AsyncGenerator[Delta, None]:
+        upstream = await self._upstream(connection_id)
+        async with upstream.lock:
+            previous = request.carry.get(UPSTREAM_RESPONSE_ID)
+            reader = _EventReader()
+            try:
+                await upstream.socket.send(responses_body(request, previous=previous, websocket=True).decode())
+                async for delta in self._read(upstream, reader):
+                    yield delta
+                if reader.lost_previous:
+                    log.debug("upstream lost response %s; resending the conversation in full", previous)
+                    reader = _EventReader()
+                    await upstream.socket.send(responses_body(request, websocket=True).decode())
+                    async for delta in self._read(upstream, reader):
+                        yield delta
+            except websockets.ConnectionClosed as exc:
+                self._drop(connection_id)
+                raise BackendError(f"upstream socket {self.base_url} closed: {exc}") from exc
+            except BaseException:
+                if not reader.done:  # stopped mid-response: the socket still holds its events
+                    self._drop(connection_id)
+                raise
+            request.carry[UPSTREAM_RESPONSE_ID] = reader.response_id
 
-def responses_body(request: BackendRequest) -> bytes:
-    """A stateless `POST /v1/responses` body for the rendered conversation."""
-    body: dict[str, Any] = {
-        "model": request.model,
-        "input": to_items(request.prompt.messages),
-        "stream": True,
-        "store": False,
-        **request.options,
-    }
+    async def _read(self, upstream: _Upstream, reader: _EventReader) -> AsyncGenerator[Delta, None]:
+        while not reader.done:
+            for delta in reader.feed(loads(await upstream.socket.recv())):
+                yield delta
+
+    async def _upstream(self, connection_id: str) -> _Upstream:
+        upstream = self._upstreams.get(connection_id)
+        if upstream is None:
+            url = "ws" + self.base_url.removeprefix("http") + "/responses"
+            try:
+                socket = await websockets.connect(url, additional_headers=self._headers, max_size=None)
+            except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:
+                raise BackendError(f"upstream socket {url} unreachable: {exc}") from exc
+            upstream = self._upstreams.setdefault(connection_id, _Upstream(socket))
+            if upstream.socket is not socket:
+                await socket.close()
+        return upstream
+
+    def _drop(self, connection_id: str) -> None:
+        upstream = self._upstreams.pop(connection_id, None)
+        if upstream is not None:
+            upstream.socket.transport.abort()
+
+    async def release(self, connection_id: str) -> None:
+        upstream = self._upstreams.pop(connection_id, None)
+        if upstream is not None:
+            await upstream.socket.close()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(self.release(key) for key in list(self._upstreams)))
+        await super().aclose()
+
+
+def responses_body(request: BackendRequest, *, previous: str | None = None, websocket: bool = False) -> bytes:
+    """A `/v1/responses` request for the conversation: whole, or its new items after `previous`."""
+    messages = request.prompt.messages[request.prefix_messages :] if previous else request.prompt.messages
+    body: dict[str, Any] = {"type": "response.create"} if websocket else {"stream": True}
+    body.update(model=request.model, input=to_items(messages), store=False, **request.options)
+    if previous:
+        body["previous_response_id"] = previous
     if request.instructions:
         body["instructions"] = request.instructions
     if request.tools:
@@ -85,32 +171,49 @@ def to_items(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
     return items
 
 
-async def _parse_events(lines: AsyncIterator[str]) -> AsyncGenerator[Delta, None]:
-    calls: dict[int, str] = {}
+async def _data_lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     async for line in lines:
-        if not line.startswith("data:"):
-            continue
-        event = loads(line[5:].strip())
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+@dataclass
+class _EventReader:
+    """Upstream Responses events -> deltas, for one response (SSE or WebSocket alike)."""
+
+    done: bool = False
+    lost_previous: bool = False
+    response_id: str | None = None
+    calls: set[int] = field(default_factory=set)
+
+    def feed(self, event: dict[str, Any]) -> list[Delta]:
         kind = event.get("type")
-        if kind == "response.output_text.delta":
-            yield TextDelta(event["delta"])
+        if kind == "response.created":
+            self.response_id = event["response"]["id"]
+        elif kind == "response.output_text.delta":
+            return [TextDelta(event["delta"])]
         elif kind == "response.output_item.added" and event["item"].get("type") == "function_call":
             item = event["item"]
-            calls[event["output_index"]] = item["call_id"]
-            yield ToolCallDelta(event["output_index"], item.get("arguments") or "", item["call_id"], item["name"])
+            self.calls.add(event["output_index"])
+            return [ToolCallDelta(event["output_index"], item.get("arguments") or "", item["call_id"], item["name"])]
         elif kind == "response.function_call_arguments.delta":
-            yield ToolCallDelta(event["output_index"], event["delta"])
+            return [ToolCallDelta(event["output_index"], event["delta"])]
         elif kind in ("response.completed", "response.incomplete"):
-            response = event["response"]
-            usage = response.get("usage") or {}
-            yield Usage(
-                usage.get("input_tokens", 0),
-                usage.get("output_tokens", 0),
-                (usage.get("input_tokens_details") or {}).get("cached_tokens", 0),
-            )
-            yield Finish("length" if kind == "response.incomplete" else ("tool_calls" if calls else "stop"))
-            return
+            self.done = True
+            usage = event["response"].get("usage") or {}
+            finish = "length" if kind == "response.incomplete" else ("tool_calls" if self.calls else "stop")
+            return [
+                Usage(
+                    usage.get("input_tokens", 0),
+                    usage.get("output_tokens", 0),
+                    (usage.get("input_tokens_details") or {}).get("cached_tokens", 0),
+                ),
+                Finish(finish),
+            ]
         elif kind in ("response.failed", "error"):
             error = event.get("error") or (event.get("response") or {}).get("error") or event
-            raise BackendError(f"upstream failed: {error.get('message', event)}")
-    raise BackendError("upstream stream ended before the response finished")
+            if kind == "error" and self.response_id is None and error.get("code") == "previous_response_not_found":
+                self.done = self.lost_previous = True
+                return []
+            raise BackendError(f"upstream failed: {error.get('message', event)}", status=event.get("status"))
+        return []

@@ -33,6 +33,9 @@ class SimulatedBackend:
     async def models(self) -> list[str]:
         return [self.model]
 
+    async def release(self, connection_id: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
