@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from openai.types.responses import Response
@@ -185,3 +186,24 @@ def test_websocket_base_url_of_the_client_is_where_the_session_connects(server: 
 def test_options_come_as_one_object_or_as_keywords_not_both(server: BackgroundServer) -> None:
     with OpenAI(base_url=server.base_url, api_key="k") as plain, pytest.raises(TypeError):
         ws_transport.wrap(plain, ws_transport.SessionOptions(), lanes=False)
+
+
+def test_a_copy_with_other_credentials_or_url_never_rides_the_original_socket() -> None:
+    settings = Settings(api_keys=["good", "other"])
+    with BackgroundServer(create_app(settings), settings) as guarded:
+        client = ws_transport.wrap(OpenAI(base_url=guarded.base_url, api_key="good", max_retries=0))
+        try:
+            history: list[Any] = [user("hello")]
+            history += client.responses.create(model=MODEL, input=history, store=False).output
+            with pytest.raises(openai.AuthenticationError):
+                client.with_options(api_key="bad").responses.create(model=MODEL, input="hi", store=False)
+            with pytest.raises(openai.APIConnectionError):
+                client.with_options(base_url="http://127.0.0.1:9/v1").responses.create(model=MODEL, input="hi")
+            other = client.with_options(api_key="other").responses.create(model=MODEL, input="hi", store=False)
+            assert other.status == "completed"
+            history.append(user("still chained"))
+            assert client.responses.create(model=MODEL, input=history, store=False).status == "completed"
+            stats = ws_transport.session_of(client).stats
+            assert stats.turns_chained == 1 and stats.fallbacks == 1
+        finally:
+            client.close()

@@ -43,20 +43,28 @@ class _Router:
 
     session: Session
 
-    def _turn(self, request: httpx2.Request) -> TurnRequest | None:
-        """The turn a request carries; None for anything the session does not take (it goes over HTTP)."""
+    def _turn(self, request: httpx2.Request) -> tuple[TurnRequest | None, bool]:
+        """The turn a request carries (None for other requests), and whether it goes on the session.
+
+        A turn for another URL than the session's (a copy of the client with another `base_url`)
+        goes over HTTP, as does everything when the session has fallen back.
+        """
         if request.method != "POST" or not request.url.path.endswith("/responses"):
-            return None
+            return None, False
         ticket = request.headers.get(TICKET_HEADER)
-        if ticket is not None:
-            self.session.bind(request)
-            return self._ticket(ticket)
-        if self.session.http_only:
+        if ticket is None and self.session.http_only:
             self._count_fallback(len(request.read()), new_turn=True)
-            return None
-        if not self.session.bind(request):
-            return None
-        return parse_turn(self.session, request)
+            return None, False
+        headers = self.session.bind(request)
+        turn = self._ticket(ticket) if ticket is not None else None
+        if headers is None:
+            return turn, False
+        if turn is None:
+            turn = parse_turn(self.session, request)
+            if turn is None:
+                return None, False
+        turn.headers = headers
+        return turn, True
 
     def _ticket(self, ticket: str) -> TurnRequest:
         try:
@@ -229,8 +237,8 @@ class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):
         self.session = session or Session(options)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        turn = self._turn(request)
-        if turn is not None and not self.session.http_only:
+        turn, on_session = self._turn(request)
+        if turn is not None and on_session and not self.session.http_only:
             try:
                 return await websocket_reply(self.session, request, turn)
             except UseHTTP:
@@ -259,8 +267,8 @@ class WebSocketTransport(_Router, httpx2.BaseTransport):
         self._shutdown = weakref.finalize(self, _shutdown, self.portal, self.session)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        turn = self._turn(request)
-        if turn is not None and not self.session.http_only:
+        turn, on_session = self._turn(request)
+        if turn is not None and on_session and not self.session.http_only:
             try:
                 response = self.portal.call(websocket_reply(self.session, request, turn))
             except UseHTTP:

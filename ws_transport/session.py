@@ -55,6 +55,11 @@ DROP_HEADERS = frozenset(
     }
 )
 """Request headers that describe one HTTP exchange; the rest (auth, org, project, beta, custom) go on the upgrade."""
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "openai-organization", "openai-project"})
+"""Headers that say who a request speaks for (`api-key` is Azure's)."""
+
+Headers = list[tuple[str, str]]
+Credentials = tuple[tuple[str, str], ...]
 
 
 @dataclass(slots=True)
@@ -78,9 +83,13 @@ class Closed:
 class Connection:
     """One socket; its reader routes each event to the lane (stream_id) waiting for it."""
 
-    def __init__(self, socket: ClientConnection, generation: int, *, lanes: bool, capacity: int) -> None:
+    def __init__(
+        self, socket: ClientConnection, generation: int, *, lanes: bool, capacity: int, credentials: Credentials = ()
+    ) -> None:
         self.socket = socket
         self.generation = generation
+        self.credentials = credentials
+        """The credentials the socket was upgraded with: only turns with the same ones ride it."""
         self.opened_at = time.monotonic()
         self.use_lanes = lanes
         self.capacity = capacity if lanes else 1
@@ -172,7 +181,6 @@ class Session:
         self.chains = ChainBook(self.options.max_chains)
         self.tickets: dict[str, TurnRequest] = {}
         self.url: str | None = None
-        self.headers: list[tuple[str, str]] = []
         self.user_agent: str | None = None
         self.http_only = False
         self.closed = False
@@ -183,19 +191,18 @@ class Session:
         self._changed = asyncio.Event()
         self._closers: set[asyncio.Task[None]] = set()
 
-    def bind(self, request: httpx2.Request) -> bool:
-        """Take the URL (first request) and the credentials (every request) for the next upgrade.
+    def bind(self, request: httpx2.Request) -> Headers | None:
+        """The upgrade headers (credentials included) for this request's turn; the first request sets the URL.
 
-        Returns False for a request to another URL than the session's: that one goes over HTTP.
+        Returns None for a request to another URL than the session's: that one goes over HTTP.
         """
         url = self.options.websocket_url or websocket_url(request.url)
         if self.url is None:
             self.url = url
         elif url != self.url:
-            return False
-        self.headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in DROP_HEADERS]
+            return None
         self.user_agent = request.headers.get("user-agent")
-        return True
+        return [(k, v) for k, v in request.headers.multi_items() if k.lower() not in DROP_HEADERS]
 
     async def events(
         self, turn: TurnRequest, *, transparent: bool, read_timeout: float | None = None
@@ -210,7 +217,7 @@ class Session:
         self._check_loop()
         resent = False
         while True:
-            conn, lane = await self._acquire(turn.chain)
+            conn, lane = await self._acquire(turn.chain, turn.headers)
             attempt = _Attempt()
             try:
                 chained = not resent and turn.can_chain(conn.generation)
@@ -334,32 +341,36 @@ class Session:
             nbytes = turn.record_nbytes(output)
             turn.recorded = self.chains.record(turn.plan, response_id, output, nbytes, generation, turn.fields)
 
-    async def _acquire(self, chain: Chain | None) -> tuple[Connection, str | None]:
-        """A lane on the socket holding `chain` if it has room, else on any socket with room, else a new one."""
+    async def _acquire(self, chain: Chain | None, headers: Headers) -> tuple[Connection, str | None]:
+        """A lane on the socket holding `chain` if it has room, else on any socket with room, else a new one;
+        always on a socket upgraded with this turn's credentials."""
+        credentials = credentials_of(headers)
         while True:
             if self.closed:
                 raise RuntimeError("the ws_transport session is closed")
             if self.http_only:
                 raise UseHTTP("the session fell back to HTTP")
-            conn = self._pick(chain)
+            conn = self._pick(chain, credentials)
             if conn is not None:
                 return conn, conn.open_lane()
             live = sum(c.usable for c in self._connections)
+            if live >= self.options.max_connections:
+                self._retire_idle(credentials)
             if self._opening or live >= self.options.max_connections:
                 await self._changed.wait()
                 continue
             self._opening = True
             try:
-                conn = await self._open(replacing=live == 0 and self._generation > 0)
+                conn = await self._open(headers, replacing=live == 0 and self._generation > 0)
                 self._connections.append(conn)
             finally:
                 self._opening = False
                 self._notify()
             return conn, conn.open_lane()
 
-    def _pick(self, chain: Chain | None) -> Connection | None:
+    def _pick(self, chain: Chain | None, credentials: Credentials) -> Connection | None:
         self._retire()
-        ready = [c for c in self._connections if c.usable and c.free > 0]
+        ready = [c for c in self._connections if c.usable and c.free > 0 and c.credentials == credentials]
         if not ready:
             return None
         if chain is not None:
@@ -381,6 +392,15 @@ class Session:
                 self._connections.remove(conn)
                 self._close_later(conn)
 
+    def _retire_idle(self, credentials: Credentials) -> None:
+        """Make room for a socket with other credentials: idle sockets with different ones close."""
+        for conn in list(self._connections):
+            if conn.usable and not conn.lanes and conn.credentials != credentials:
+                conn.draining = True
+                self._connections.remove(conn)
+                self._close_later(conn)
+                self._notify()
+
     def _release(self, conn: Connection, lane: str | None, *, clean: bool) -> None:
         """Free the lane; without lanes, a turn abandoned mid-response leaves events in flight on
         its socket that the next turn would read, so that socket is retired."""
@@ -401,14 +421,14 @@ class Session:
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
 
-    async def _open(self, *, replacing: bool) -> Connection:
+    async def _open(self, headers: Headers, *, replacing: bool) -> Connection:
         """Connect with bounded backoff; refusal (404/405/426) or a spent budget means HTTP from now on."""
         policy = self.options.reconnect
         failure: Exception | None = None
         for attempt in range(policy.max_attempts):
             await asyncio.sleep(policy.delay(attempt))
             try:
-                socket = await self._connect()
+                socket = await self._connect(headers)
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in FALLBACK_STATUSES:
@@ -426,17 +446,21 @@ class Session:
                     self.stats.reconnects += 1
                 log.debug("ws_transport: opened socket #%d to %s", self._generation, self.url)
                 return Connection(
-                    socket, self._generation, lanes=self.options.lanes, capacity=self.options.max_in_flight
+                    socket,
+                    self._generation,
+                    lanes=self.options.lanes,
+                    capacity=self.options.max_in_flight,
+                    credentials=credentials_of(headers),
                 )
             log.debug("ws_transport: connection attempt %d failed: %s", attempt + 1, failure)
         self._fall_back(f"could not open a WebSocket after {policy.max_attempts} attempts ({failure})")
 
-    async def _connect(self) -> ClientConnection:
+    async def _connect(self, headers: Headers) -> ClientConnection:
         assert self.url is not None
         options: dict[str, Any] = {"max_size": None, "compression": None, "open_timeout": self.options.open_timeout_s}
         options.update(self.options.connect_options)
         return await _WebSocketConnect(
-            self.url, additional_headers=self.headers, user_agent_header=self.user_agent, **options
+            self.url, additional_headers=headers, user_agent_header=self.user_agent, **options
         )
 
     def _fall_back(self, reason: str) -> NoReturn:
@@ -473,6 +497,11 @@ def _observe(observer: Callable[[dict[str, Any]], None], payload: dict[str, Any]
         observer(payload)
     except Exception:
         log.exception("ws_transport: observer %r failed", observer)
+
+
+def credentials_of(headers: Headers) -> Credentials:
+    """What decides who a socket speaks for: a turn rides only a socket upgraded with the same."""
+    return tuple(sorted((k.lower(), v) for k, v in headers if k.lower() in CREDENTIAL_HEADERS))
 
 
 def websocket_url(url: httpx2.URL) -> str:

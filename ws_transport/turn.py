@@ -54,6 +54,8 @@ class TurnRequest:
     recorded: Chain | None = None
     counted: bool = False
     """Already in the session's turn count (a resend or an SDK retry is not a new turn)."""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    """The upgrade headers of the request that carried the turn: its credentials pick the socket."""
     input_nbytes: int = field(default=0, init=False)
 
     @property
