@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import threading
@@ -117,6 +118,9 @@ class Lineage:
     chain would diverge from what HTTP sends, so the request goes in full instead. An id this
     model never produced (another model, another process) also goes in full.
 
+    The response's own message must also still say what the server has (its text and tool calls):
+    an answer a middleware redacted or the app corrected goes in full too.
+
     The check costs an identity or message-id compare per message; content is compared only for a
     message that is neither the same object nor carries the same id. Only the newest response of
     each chain is kept, at most `capacity` chains (least recently used dropped first).
@@ -124,31 +128,38 @@ class Lineage:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._histories: OrderedDict[str, tuple[BaseMessage, ...]] = OrderedDict()
+        self._histories: OrderedDict[str, tuple[tuple[BaseMessage, ...], BaseMessage]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def record(self, response_id: str, history: Sequence[BaseMessage]) -> None:
+    def record(self, response_id: str, history: Sequence[BaseMessage], answer: BaseMessage) -> None:
+        """Note the history `response_id` answered, and its answer (streamed: all its chunks added up)."""
         with self._lock:
             if response_id in self._histories:
                 return
             _, previous_id = split_at_last_response(history)
             if previous_id is not None:
                 self._histories.pop(previous_id, None)
-            self._histories[response_id] = tuple(history)
+            self._histories[response_id] = (tuple(history), answer)
             while len(self._histories) > self.capacity:
                 self._histories.popitem(last=False)
 
-    def continues(self, response_id: str, history: Sequence[BaseMessage]) -> bool:
-        """Whether `history` (the messages before the response's own message) is what it answered."""
+    def continues(self, response_id: str, history: Sequence[BaseMessage], answer: BaseMessage) -> bool:
+        """Whether `history` is what the response answered and `answer` (its message) is still its answer."""
         with self._lock:
-            answered = self._histories.get(response_id)
-            if answered is not None:
+            known = self._histories.get(response_id)
+            if known is not None:
                 self._histories.move_to_end(response_id)
-        if answered is None or len(answered) != len(history):
+        if known is None or len(known[0]) != len(history) or _said(known[1]) != _said(answer):
             return False
         return all(
-            a is b or (a.id is not None and a.id == b.id) or a == b for a, b in zip(answered, history, strict=True)
+            a is b or (a.id is not None and a.id == b.id) or a == b for a, b in zip(known[0], history, strict=True)
         )
+
+
+def _said(message: BaseMessage) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What an answer says, as the server holds it: its text and its tool calls."""
+    calls = getattr(message, "tool_calls", None) or []
+    return str(message.text), tuple((call["name"], json.dumps(call["args"], sort_keys=True)) for call in calls)
 
 
 class ChatOpenAI(langchain_openai.ChatOpenAI):
@@ -290,7 +301,11 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
             return super()._get_request_payload(input_, stop=stop, **kwargs)
         messages = self._convert_input(input_).to_messages()
         tail, previous_id = split_at_last_response(messages)
-        if previous_id is None or not tail or not self._lineage.continues(previous_id, messages[: -len(tail) - 1]):
+        if (
+            previous_id is None
+            or not tail
+            or not self._lineage.continues(previous_id, messages[: -len(tail) - 1], messages[-len(tail) - 1])
+        ):
             return super()._get_request_payload(messages, stop=stop, **kwargs)
         return super()._get_request_payload(list(tail), stop=stop, previous_response_id=previous_id, **kwargs)
 
@@ -351,12 +366,14 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
                 raise
             log.debug("plugins.langchain: %s; resending with the full history", error.code)
             chunks = stream(messages, stop, run_manager, **{**kwargs, FULL_HISTORY: True})
+            answer = None
         else:
-            model._remember(messages, first.message)
+            answer = first.message
             yield first
         for chunk in chunks:
-            model._remember(messages, chunk.message)
+            answer = chunk.message if answer is None else answer + chunk.message
             yield chunk
+        model._remember(messages, answer)
 
     async def _astream(
         self,
@@ -377,20 +394,22 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
                 raise
             log.debug("plugins.langchain: %s; resending with the full history", error.code)
             chunks = stream(messages, stop, run_manager, **{**kwargs, FULL_HISTORY: True})
+            answer = None
         else:
-            model._remember(messages, first.message)
+            answer = first.message
             yield first
         async for chunk in chunks:
-            model._remember(messages, chunk.message)
+            answer = chunk.message if answer is None else answer + chunk.message
             yield chunk
+        model._remember(messages, answer)
 
     def _remember(self, messages: Sequence[BaseMessage], message: BaseMessage | None) -> None:
-        """Note which history the response in `message` answered (streamed: the chunk that carries its id)."""
+        """Note which history the response in `message` answered (streamed: its chunks added up, once complete)."""
         if self._lineage is None or message is None:
             return
         response_id = message.response_metadata.get("id")
         if isinstance(response_id, str) and response_id.startswith("resp_"):
-            self._lineage.record(response_id, messages)
+            self._lineage.record(response_id, messages, message)
 
     def _may_resend(self, error: BaseException, kwargs: dict[str, Any]) -> bool:
         """Only a chain this class made is resent in full; a `previous_response_id` the caller chose is not."""

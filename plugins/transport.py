@@ -7,13 +7,19 @@ hooks reach it. The framework integrations wrap their clients through here.
 
 from __future__ import annotations
 
+import copy
+import logging
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from openai import AsyncOpenAI, OpenAI
+from pluggy import HookCaller
 
 import ws_transport
 
 from .manager import plugin_manager
+
+log = logging.getLogger(__name__)
 
 ClientT = TypeVar("ClientT", OpenAI, AsyncOpenAI)
 
@@ -23,8 +29,21 @@ def wrap(client: ClientT, **options: Any) -> ClientT:
     hook = plugin_manager().hook
     settings: dict[str, Any] = dict(hook.responses_ws_transport_options(client=client) or {})
     if hook.responses_ws_client_request.get_hookimpls():
-        settings["on_request"] = lambda payload: hook.responses_ws_client_request(request=payload)
+        settings["on_request"] = _each(hook.responses_ws_client_request, "request")
     if hook.responses_ws_client_event.get_hookimpls():
-        settings["on_event"] = lambda event: hook.responses_ws_client_event(event=event)
+        settings["on_event"] = _each(hook.responses_ws_client_event, "event")
     settings.update(options)
     return ws_transport.wrap(client, **settings)
+
+
+def _each(hook: HookCaller, argname: str) -> Callable[[dict[str, Any]], None]:
+    """Call every plugin's observer on its own copy, so one that fails or mutates hides nothing from the others."""
+
+    def observe(payload: dict[str, Any]) -> None:
+        for impl in reversed(hook.get_hookimpls()):
+            try:
+                impl.function(**{argname: copy.deepcopy(payload)})
+            except Exception:
+                log.exception("observer of plugin %s failed", impl.plugin_name)
+
+    return observe

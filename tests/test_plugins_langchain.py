@@ -385,7 +385,7 @@ def long_history(turns: int) -> list[BaseMessage]:
 def test_request_carries_only_the_messages_after_the_last_response(server: BackgroundServer) -> None:
     history = long_history(50)
     model = make_model(server, "websocket")
-    model.lineage.record("resp_49", history[:-2])  # as if this model had answered that history
+    model.lineage.record("resp_49", history[:-2], history[-2])  # as if this model had answered that history
 
     ws = model._get_request_payload(history)
     http = make_model(server, "http")._get_request_payload(history)
@@ -401,7 +401,7 @@ def test_a_rewritten_or_unknown_history_goes_in_full(server: BackgroundServer) -
     model = make_model(server, "websocket")
     assert "previous_response_id" not in model._get_request_payload(history)  # never answered by this model
 
-    model.lineage.record("resp_2", history[:-2])
+    model.lineage.record("resp_2", history[:-2], history[-2])
     summarized = [HumanMessage("summary of the start"), *history[1:]]
     assert "previous_response_id" not in model._get_request_payload(summarized)
     assert model._get_request_payload(history)["previous_response_id"] == "resp_2"
@@ -464,3 +464,22 @@ def test_other_models_on_the_same_url_keep_plain_http(server: BackgroundServer) 
             ws_transport.session_of(model.root_client)
         with pytest.raises(ValueError, match="not wrapped"):
             ws_transport.session_of(model.root_async_client)
+
+
+def test_an_edited_answer_goes_in_full_so_the_server_never_continues_the_unedited_one(
+    make_server: ServerFactory, recorder: RecordingValidator
+) -> None:
+    """A guardrail redacts the model's answer but keeps its response id: the server must see the redaction."""
+    server = make_server(validators=[recorder])
+    model = make_model(server, "websocket")
+    history: list[Any] = [HumanMessage("hello")]
+    answer = model.invoke(history)
+    history += [answer, HumanMessage("go on")]
+    model.invoke(history)
+    assert recorder.calls[-1].previous_id == answer.response_metadata["id"], "an unedited answer chains"
+
+    history += [model.invoke(history).model_copy(update={"content": "[REDACTED]"}), HumanMessage("and now?")]
+    model.invoke(history)
+    last = recorder.calls[-1]
+    assert last.previous_id is None, "an edited answer is not continued"
+    assert any("[REDACTED]" in str(item.get("content")) for item in last.items)

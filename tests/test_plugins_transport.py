@@ -34,15 +34,31 @@ class Observer:
             raise RuntimeError("a broken observer must not break the turn")
 
 
+class Meddler:
+    """A plugin that fails on everything and mutates what it is given: the others must not notice."""
+
+    @hookimpl
+    def responses_ws_client_request(self, request: dict[str, Any]) -> None:
+        request.clear()
+        raise RuntimeError("broken request observer")
+
+    @hookimpl
+    def responses_ws_client_event(self, event: dict[str, Any]) -> None:
+        event["type"] = "meddled"
+        raise RuntimeError("broken event observer")
+
+
 @pytest.fixture
 def observer() -> Iterator[Observer]:
     plugin = Observer()
     manager = plugin_manager()
     manager.register(plugin, name="test-observer")
+    manager.register(Meddler(), name="test-meddler")
     try:
         yield plugin
     finally:
         manager.unregister(name="test-observer")
+        manager.unregister(name="test-meddler")
 
 
 def test_hooks_see_the_chained_requests_and_every_event(server: BackgroundServer, observer: Observer) -> None:

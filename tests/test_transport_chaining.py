@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 
 from ws_transport.chaining import ChainBook, same_item, should_resend, starts_with
-from ws_transport.turn import TurnRequest
+from ws_transport.turn import TurnRequest, _splice
 
 TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
 PARAMS = {"model": "m", "tools": TOOLS, "store": False}
@@ -169,3 +170,12 @@ def test_full_frame_is_the_http_body_with_type_and_lane() -> None:
     frame, http_equivalent = turn.frame("t9", chained=False)
     assert orjson.loads(frame) == {"type": "response.create", "stream_id": "t9", **orjson.loads(body)}
     assert http_equivalent == len(body)
+
+
+@pytest.mark.parametrize("body", [b"{}", b" { } ", b'{"model":"m"}'])
+@pytest.mark.parametrize("stream_id", [None, "t1"])
+def test_an_http_body_becomes_a_valid_frame(body: bytes, stream_id: str | None) -> None:
+    frame = orjson.loads(_splice(body, stream_id))
+    assert frame["type"] == "response.create"
+    assert frame.get("stream_id") == stream_id
+    assert {k: v for k, v in frame.items() if k not in ("type", "stream_id")} == orjson.loads(body)

@@ -402,10 +402,11 @@ class Session:
                 self._notify()
 
     def _release(self, conn: Connection, lane: str | None, *, clean: bool) -> None:
-        """Free the lane; without lanes, a turn abandoned mid-response leaves events in flight on
-        its socket that the next turn would read, so that socket is retired."""
+        """Free the lane. A turn abandoned mid-response keeps running on the server (this mode has
+        no cancel but closing the socket), and without lanes its events would reach the next turn:
+        its socket is retired, and closes once its other turns end, which cancels it server-side."""
         conn.close_lane(lane)
-        if not clean and not conn.use_lanes:
+        if not clean:
             conn.draining = True
         if conn.draining and not conn.lanes and conn in self._connections:
             self._connections.remove(conn)

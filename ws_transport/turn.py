@@ -97,7 +97,8 @@ class TurnRequest:
 
 def _splice(body: bytes, stream_id: str | None) -> bytes:
     """Turn an HTTP body (a JSON object) into a frame without re-encoding it."""
-    head = b'{"type":"response.create",'
+    head = b'{"type":"response.create"'
     if stream_id is not None:
-        head += b'"stream_id":' + orjson.dumps(stream_id) + b","
-    return head + body[1:]
+        head += b',"stream_id":' + orjson.dumps(stream_id)
+    rest = body.strip()[1:].lstrip()
+    return head + (rest if rest.startswith(b"}") else b"," + rest)
