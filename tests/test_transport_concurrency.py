@@ -157,3 +157,28 @@ async def test_turns_beyond_a_sockets_capacity_use_a_bounded_pool(
         check_conversation(texts, conversation)
     assert server.shim.stats.websocket_connections - sockets_before <= options["max_connections"]
     assert stats.turns_chained > stats.turns // 2
+
+
+async def test_abandoned_streams_are_stopped_on_the_server_and_hold_no_slot() -> None:
+    """Closing the socket is this mode's only cancel: a stream given up mid-response must not keep
+    generating server-side and hold one of the 16 in-flight slots (or a lane) from later turns."""
+    settings = Settings(simulated_tokens_per_s=5, drain_timeout_s=1.0)
+    with BackgroundServer(create_app(settings), settings) as slow:
+        client = ws_transport.wrap(AsyncOpenAI(base_url=slow.base_url, api_key="x", max_retries=0))
+        try:
+            waits = []
+            for n in range(20):
+                start = asyncio.get_running_loop().time()
+                stream = await client.responses.create(model=MODEL, input=f"q{n}", stream=True)
+                async for _ in stream:
+                    break
+                waits.append(asyncio.get_running_loop().time() - start)
+                await stream.close()
+            assert max(waits) < 1.0, f"a turn waited behind abandoned ones: {max(waits):.2f}s"
+            for _ in range(100):
+                if not slow.shim.connections:
+                    break
+                await asyncio.sleep(0.02)
+            assert not slow.shim.connections, "the abandoned turns' sockets were closed"
+        finally:
+            await client.close()
