@@ -448,3 +448,8 @@ def test_frame_over_the_server_limit_goes_over_http_for_that_turn_only(start: St
         assert client.responses.create(model=MODEL, input="small").status == "completed"
         session = ws_transport.session_of(client)
         assert (session.stats.turns, session.stats.fallbacks, session.http_only) == (2, 1, False)
+        # the session learnt the limit: another large frame goes over HTTP without costing a socket
+        reconnects = session.stats.reconnects
+        assert client.responses.create(model=MODEL, input="y" * 10_000).status == "completed"
+        assert client.responses.create(model=MODEL, input="small again").status == "completed"
+        assert (session.stats.fallbacks, session.stats.reconnects) == (2, reconnects)

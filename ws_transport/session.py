@@ -67,6 +67,7 @@ class _Attempt:
     """How far one send of a turn got: what may still be retried, and whether its lane is clean."""
 
     sent: bool = False
+    nbytes: int = 0
     delivered: bool = False
     """Events reached a consumer that keeps them (a stream): a restart can no longer be hidden."""
     finished: bool = False
@@ -183,6 +184,8 @@ class Session:
         self.url: str | None = None
         self.user_agent: str | None = None
         self.http_only = False
+        self.frame_limit: int | None = None
+        """The smallest frame the server refused with 1009: frames this large go over HTTP untried."""
         self.closed = False
         self._connections: list[Connection] = []
         self._generation = 0
@@ -221,7 +224,7 @@ class Session:
             attempt = _Attempt()
             try:
                 chained = not resent and turn.can_chain(conn.generation)
-                await self._send(conn, lane, turn, chained=chained)
+                attempt.nbytes = await self._send(conn, lane, turn, chained=chained)
                 attempt.sent = True
                 event = await self._next_event(conn, lane, read_timeout)
                 if event.get("type") == "error":
@@ -237,7 +240,7 @@ class Session:
                 self._check_resendable(lost, attempt, resent=resent)
                 self.chains.forget(turn.chain)
             finally:
-                self._release(conn, lane, clean=attempt.finished)
+                self._release(conn, lane, clean=attempt.finished or not attempt.sent)
             resent = True
             self.stats.resends += 1
 
@@ -285,7 +288,12 @@ class Session:
         goes over HTTP instead, where there is no frame limit.
         """
         if lost.code == MESSAGE_TOO_BIG and not attempt.delivered:
-            log.warning("ws_transport: a request exceeded the server's WebSocket frame limit; sending it over HTTP")
+            if self.frame_limit is None:
+                log.warning(
+                    "ws_transport: a %d-byte request exceeded the server's frame limit; such go over HTTP",
+                    attempt.nbytes,
+                )
+            self.frame_limit = min(self.frame_limit or attempt.nbytes, attempt.nbytes)
             raise UseHTTP("frame too large") from lost
         recoverable = not attempt.sent or self.options.reconnect.recoverable(lost.code)
         if resent or attempt.delivered or not recoverable:
@@ -311,8 +319,12 @@ class Session:
         self.chains.forget(turn.chain)
         log.debug("ws_transport: %s; resending the turn in full", code)
 
-    async def _send(self, conn: Connection, lane: str | None, turn: TurnRequest, *, chained: bool) -> None:
+    async def _send(self, conn: Connection, lane: str | None, turn: TurnRequest, *, chained: bool) -> int:
+        """Send the turn's frame; returns its size. A frame the server would refuse (1009) goes over HTTP."""
         frame, http_equivalent = turn.frame(lane, chained=chained)
+        if self.frame_limit is not None and len(frame) >= self.frame_limit:
+            log.debug("ws_transport: %d-byte frame over the server's limit; sending it over HTTP", len(frame))
+            raise UseHTTP("frame too large")
         if self.options.on_request is not None:
             _observe(self.options.on_request, orjson.loads(frame))
         await conn.send(frame)
@@ -332,6 +344,7 @@ class Session:
             len(frame),
             http_equivalent,
         )
+        return len(frame)
 
     def _record(self, turn: TurnRequest, event: dict[str, Any], generation: int) -> None:
         response = event.get("response") or {}
