@@ -71,7 +71,10 @@ class ResponsesConnection:
             age_limit.cancel()
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
-            await self.shim.env.backend.release(self.id)
+            try:
+                await self.shim.env.backend.release(self.id)
+            except Exception:
+                log.exception("backend failed to release connection %s", self.id)
 
     async def _receive_loop(self) -> None:
         while self.state is not ConnectionState.CLOSED:

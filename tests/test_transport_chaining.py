@@ -145,6 +145,7 @@ def test_resend_rule_only_for_lost_chains_and_retired_sockets() -> None:
     assert should_resend("previous_response_not_found", chained=True)
     assert not should_resend("previous_response_not_found", chained=False)
     assert should_resend("websocket_connection_limit_reached", chained=False)
+    assert should_resend("server_shutting_down", chained=False)
     assert not should_resend("invalid_value", chained=True)
     assert not should_resend(None, chained=True)
 

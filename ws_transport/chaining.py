@@ -26,8 +26,9 @@ Params = dict[str, Any]
 PASSTHROUGH_PARAMS = frozenset({"previous_response_id", "conversation"})
 """A request carrying one of these names its own server-side state: sent as is, never chained."""
 
-RESEND_CODES = frozenset({"previous_response_not_found", "websocket_connection_limit_reached"})
-"""Error codes after which the turn is resent once with its full input (nothing is lost)."""
+RESEND_CODES = frozenset({"previous_response_not_found", "websocket_connection_limit_reached", "server_shutting_down"})
+"""Error codes after which the turn is resent once with its full input (nothing is lost): the
+last two refuse a request on a socket that is closing, so it goes on a new one."""
 
 
 def should_resend(code: str | None, *, chained: bool) -> bool:

@@ -314,7 +314,7 @@ class Session:
         code = error_code(event)
         if resent or not should_resend(code, chained=chained):
             raise TurnRejected(event)
-        if code == "websocket_connection_limit_reached":
+        if code in ("websocket_connection_limit_reached", "server_shutting_down"):
             conn.draining = True
         self.chains.forget(turn.chain)
         log.debug("ws_transport: %s; resending the turn in full", code)
