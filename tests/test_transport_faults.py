@@ -8,6 +8,8 @@ import asyncio
 import json
 import logging
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -453,3 +455,34 @@ def test_frame_over_the_server_limit_goes_over_http_for_that_turn_only(start: St
         assert client.responses.create(model=MODEL, input="y" * 10_000).status == "completed"
         assert client.responses.create(model=MODEL, input="small again").status == "completed"
         assert (session.stats.fallbacks, session.stats.reconnects) == (2, reconnects)
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["websocket", "http"])
+def test_closing_a_sync_stream_from_another_thread_stops_its_reader_as_over_http(start: Start, wrapped: bool) -> None:
+    """A "stop generating" button: one thread reads the stream, another closes it."""
+    server, _ = start(simulated_tokens_per_s=20)
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    if wrapped:
+        client = ws_transport.wrap(client)
+    with client:
+        stream = client.responses.create(model=MODEL, input="a long answer", stream=True, max_output_tokens=200)
+        outcome: list[BaseException | int] = []
+
+        def read() -> None:
+            seen = 0
+            try:
+                for _ in stream:
+                    seen += 1
+                outcome.append(seen)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        stream.close()
+        reader.join(10)
+        assert not reader.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], Exception), f"the reader was not stopped: {outcome}"
+        if wrapped:
+            assert client.responses.create(model=MODEL, input="still usable").status == "completed"

@@ -13,6 +13,7 @@ raises the same exception class it raises over HTTP.
 
 from __future__ import annotations
 
+import concurrent.futures
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
@@ -212,15 +213,34 @@ class _PortalStream(httpx2.SyncByteStream):
         self.stream = stream
         self.portal = portal
         self.chunks: AsyncGenerator[bytes, None] | None = None
+        self.pending: concurrent.futures.Future[bytes | None] | None = None
 
     def __iter__(self) -> Iterator[bytes]:
+        """One chunk per hop to the loop; `close()` from another thread interrupts the wait."""
         self.chunks = chunks = self.stream.__aiter__()
-        yield from self.portal.iterate(chunks)
+        while True:
+            self.pending = self.portal.submit(_next_chunk(chunks))
+            try:
+                chunk = self.pending.result()
+            except concurrent.futures.CancelledError:
+                raise httpx2.ReadError("the response stream was closed") from None
+            if chunk is None:
+                return
+            yield chunk
 
     def close(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()  # a reader blocked on the next chunk stops now, and the turn's lane is freed
         if self.chunks is not None:
             self.portal.cleanup(self.chunks.aclose())
         self.portal.cleanup(self.stream.aclose())
+
+
+async def _next_chunk(chunks: AsyncGenerator[bytes, None]) -> bytes | None:
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
 
 
 class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):

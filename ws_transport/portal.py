@@ -8,12 +8,12 @@ thread hop per streamed chunk; the thread is started on first use and joined by 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_DONE = object()
 
 
 class Portal:
@@ -31,11 +31,15 @@ class Portal:
         return self._loop is not None
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the loop; cancelling the returned future cancels it there."""
         loop = self._ensure()
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("Portal.call from the portal's own thread would deadlock")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+            raise RuntimeError("waiting on the portal from its own thread would deadlock")
+        return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def cleanup(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a cleanup coroutine: waited for, except on the loop thread itself, where it is scheduled.
@@ -51,14 +55,6 @@ class Portal:
             task.add_done_callback(self._detached.discard)
         else:
             asyncio.run_coroutine_threadsafe(coro, loop).result()
-
-    def iterate(self, chunks: AsyncIterator[T]) -> Iterator[T]:
-        """Pull an async iterator living on the loop, one item per hop."""
-        while True:
-            item = self.call(_next(chunks))
-            if item is _DONE:
-                return
-            yield item
 
     def stop(self) -> None:
         with self._lock:
@@ -78,10 +74,3 @@ class Portal:
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
-
-
-async def _next(chunks: AsyncIterator[T]) -> Any:
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return _DONE
