@@ -48,6 +48,7 @@ from .common import (
     validation_probe,
     write_json,
 )
+from .report import fmt
 from .turns import (
     MODEL,
     OUTPUT_TOKENS,
@@ -284,33 +285,29 @@ def table(result: dict[str, Any]) -> str:
         rows.append(
             [
                 name,
-                _f(allt["overhead_ms"]["median"]),
-                _f(allt["overhead_ms"]["p90"]),
-                _f(allt["overhead_ms"]["p99"]),
-                _f(first["overhead_ms"]["median"]),
-                _f(last["overhead_ms"]["median"]),
-                *(_f(last[p]["median"]) for p in BREAKDOWN_PARTS),
+                fmt(allt["overhead_ms"]["median"]),
+                fmt(allt["overhead_ms"]["p90"]),
+                fmt(allt["overhead_ms"]["p99"]),
+                fmt(first["overhead_ms"]["median"]),
+                fmt(last["overhead_ms"]["median"]),
+                *(fmt(last[p]["median"]) for p in BREAKDOWN_PARTS),
             ]
         )
     lines = [f"overhead (ms, per turn; parts at the last {len(window(turns, turns))} turns)", format_table(rows)]
     added = result["added_latency_ms"]
     lines.append(
         "  WebSocket added latency per turn (paired, p50): "
-        f"over the backend in-process {_f(added['websocket_minus_backend_inprocess']['median'])} ms, "
-        f"over the backend over HTTP {_f(added['websocket_minus_backend_http']['median'])} ms "
-        f"(first turns {_f(added['websocket_minus_backend_http_first_window']['median'])}, "
-        f"last turns {_f(added['websocket_minus_backend_http_last_window']['median'])}); "
-        f"time inside the shim {_f(added['websocket_shim_server_ms']['median'])} ms"
+        f"over the backend in-process {fmt(added['websocket_minus_backend_inprocess']['median'])} ms, "
+        f"over the backend over HTTP {fmt(added['websocket_minus_backend_http']['median'])} ms "
+        f"(first turns {fmt(added['websocket_minus_backend_http_first_window']['median'])}, "
+        f"last turns {fmt(added['websocket_minus_backend_http_last_window']['median'])}); "
+        f"time inside the shim {fmt(added['websocket_shim_server_ms']['median'])} ms"
     )
     for r in result["ratios"]:
         lines.append(
-            f"  ratio {r['name']}: median {_f(r['paired']['median'], 3)} (p90 {_f(r['paired']['p90'], 3)}, n={r['paired']['n']})"
+            f"  ratio {r['name']}: median {fmt(r['paired']['median'], 3)} (p90 {fmt(r['paired']['p90'], 3)}, n={r['paired']['n']})"
         )
     return "\n".join(lines)
-
-
-def _f(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats: int | None = None) -> dict[str, Any]:
