@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "relay", "litellm")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -26,6 +26,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import agent
 
         return agent.run, agent.table
+    if name == "agent-llama":
+        from . import agent_llama
+
+        return agent_llama.run, agent_llama.table
     if name == "relay":
         from . import relay
 
@@ -74,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"quick": args.quick}
         if args.repeats:
             kwargs["repeats"] = args.repeats
-        if args.turns and name in ("overhead", "agent", "litellm"):
+        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm"):
             kwargs["turns"] = args.turns
         if name == "litellm":
             kwargs["install"] = not args.no_install

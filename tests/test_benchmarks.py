@@ -43,7 +43,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     out = tmp_path_factory.mktemp("bench")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "overhead", "agent", "relay", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", "overhead", "agent", "agent-llama", "relay", "--quick", "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -61,7 +61,7 @@ def test_quick_run_writes_summary_and_reports_progress(
 ) -> None:
     out, done = quick_run
     summary = _strict_json(out / "summary.json")
-    assert set(summary["suites"]) == {"overhead", "agent", "relay"}
+    assert set(summary["suites"]) == {"overhead", "agent", "agent-llama", "relay"}
     assert summary["failed"] == {}
     assert summary["quick"] is True
     assert "[bench" in done.stderr, "progress goes to stderr"
@@ -114,6 +114,20 @@ def test_agent_results_are_well_formed(quick_run: tuple[Path, subprocess.Complet
     pairs = {(c["numerator"], c["denominator"]) for c in result["comparisons"]}
     assert ("websocket", "http") in pairs
     _check_targets(result)
+
+
+def test_agent_llama_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = quick_run
+    result = _strict_json(out / "agent-llama.json")
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert result["status"] == "unavailable"
+        return
+    assert result["status"] == "ok"
+    for variant in result["variants"].values():
+        assert _is_stats(variant["total_s"]) and _is_stats(variant["turn_ms"])
+        assert variant["same_outputs_every_repeat"] is True
+    assert result["same_outputs_http_websocket"] is True
+    assert result["ratio_websocket_http_total"]["median"] > 0
 
 
 @pytest.mark.timeout(300)
