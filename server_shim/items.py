@@ -102,10 +102,11 @@ def _require_str(item: Item, keys: tuple[str, ...], param: str) -> None:
             raise invalid("invalid_type", f"'{param}.{key}' must be a string.", f"{param}.{key}")
 
 
-def resolve_references(items: list[Item], lookup: dict[str, Item]) -> list[Item]:
-    """Replace `item_reference` items by the cached items they name."""
+def resolve_references(items: list[Item], known: list[Item]) -> list[Item]:
+    """Replace `item_reference` items by the `known` (cached) items they name."""
     if not any(item.get("type") == "item_reference" for item in items):
         return items
+    lookup = {item["id"]: item for item in known if "id" in item}
     resolved = []
     for index, item in enumerate(items):
         if item.get("type") != "item_reference":

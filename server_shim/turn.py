@@ -105,8 +105,7 @@ class Turn:
         for validator in self.env.validators:
             validator(new_items, previous, self.request)
         labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
-        known_items = {i["id"]: i for i in previous.output_items if "id" in i} if previous else {}
-        new_items = resolve_references(new_items, known_items)
+        new_items = resolve_references(new_items, previous.output_items if previous else [])
         tools = self._chat_tools(previous)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)

@@ -129,15 +129,15 @@ def test_the_error_names_the_index_of_the_bad_item():
 def test_references_are_replaced_by_the_items_they_name():
     target = {"id": "msg_1", "type": "message", "role": "assistant", "content": "earlier"}
     items = [{"type": "item_reference", "id": "msg_1"}, {"type": "message", "role": "user", "content": "and?"}]
-    assert resolve_references(items, {"msg_1": target}) == [target, items[1]]
+    assert resolve_references(items, [target]) == [target, items[1]]
 
 
 def test_a_batch_without_references_is_returned_as_is():
     items = [{"type": "message", "role": "user", "content": "x"}]
-    assert resolve_references(items, {}) is items
+    assert resolve_references(items, []) is items
 
 
 def test_an_unknown_reference_is_item_not_found():
     with pytest.raises(APIError) as raised:
-        resolve_references([{"type": "message"}, {"type": "item_reference", "id": "msg_x"}], {})
+        resolve_references([{"type": "message"}, {"type": "item_reference", "id": "msg_x"}], [])
     assert (raised.value.status, raised.value.code, raised.value.param) == (404, "item_not_found", "input[1].id")
