@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         help="'simulated' (default) or the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
     )
-    serve.add_argument("--api-key", action="append", help="require this bearer key from clients (repeatable)")
+    serve.add_argument(
+        "--api-key", action="extend", nargs="+", metavar="KEY", help="bearer key(s) clients must present (repeatable)"
+    )
     serve.add_argument("--backend-api-key", help="bearer key the shim sends to the backend")
     serve.add_argument("--config", help="TOML file with a [server] table; flags override it")
     serve.set_defaults(func=_serve)
