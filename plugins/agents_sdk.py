@@ -107,6 +107,9 @@ def websocket_run_config(
     Pass a `WebSocketModelProvider` to share its session between runs, an `AsyncOpenAI` to wrap,
     or `base_url`/`api_key` to build one.
     """
-    if not isinstance(provider, WebSocketModelProvider):
+    if isinstance(provider, WebSocketModelProvider):
+        if base_url or api_key or default_model:
+            raise TypeError("base_url, api_key and default_model belong to the provider you passed, not here")
+    else:
         provider = WebSocketModelProvider(provider, base_url=base_url, api_key=api_key, default_model=default_model)
     return RunConfig(model_provider=provider, **run_config_fields)

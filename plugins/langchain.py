@@ -245,9 +245,11 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         return self._lineage
 
     def close(self) -> None:
-        """Close the sync side's WebSocket sessions (root and per thread); WebSocket calls fail after this.
+        """Close the sync side's WebSocket sessions (root and per thread).
 
-        A `http_client` you passed stays open (it is yours). Nothing to do on the HTTP path.
+        A model whose clients it built itself cannot make WebSocket calls afterwards; a `http_client`
+        you passed stays open (it is yours), and so does the session installed on it. Nothing to do
+        on the HTTP path.
         """
         if self._sessions is not None:
             self._sessions.close_all()

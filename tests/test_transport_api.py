@@ -17,6 +17,7 @@ from openai.types.responses import Response
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
+from ws_transport.portal import Portal
 
 MODEL = "simulated-1"
 
@@ -207,3 +208,23 @@ def test_a_copy_with_other_credentials_or_url_never_rides_the_original_socket() 
             assert stats.turns_chained == 1 and stats.fallbacks == 1
         finally:
             client.close()
+
+
+def test_a_closed_sync_client_refuses_turns_as_plain_http_does(server: BackgroundServer) -> None:
+    client = ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    assert client.responses.create(model=MODEL, input="hello", store=False).status == "completed"
+    client.close()
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(RuntimeError, match="closed"):
+        client.responses.create(model=MODEL, input="after close", store=False)
+    assert {t.name for t in threading.enumerate()} == before
+
+
+def test_a_stopped_portal_starts_no_new_loop_thread() -> None:
+    portal = Portal("test-portal")
+    assert portal.call(asyncio.sleep(0, result=1)) == 1
+    portal.stop()
+    with pytest.raises(RuntimeError, match="closed"):
+        portal.call(asyncio.sleep(0))
+    assert not portal.running
+    assert "test-portal" not in {t.name for t in threading.enumerate()}

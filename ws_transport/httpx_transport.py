@@ -313,11 +313,11 @@ def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Respons
 
 def _shutdown(portal: Portal, session: Session) -> None:
     """Close the sockets on their loop, then stop the loop thread; runs once (close() or garbage collection)."""
-    if portal.running:
-        try:
+    try:
+        if portal.running:
             portal.call(session.aclose(), timeout=10)
-        finally:
-            portal.stop()
+    finally:
+        portal.stop()
 
 
 def _read_timeout(request: httpx2.Request) -> float | None:

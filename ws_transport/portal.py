@@ -25,6 +25,7 @@ class Portal:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._detached: set[asyncio.Task[Any]] = set()
+        self._stopped = False
 
     @property
     def running(self) -> bool:
@@ -35,7 +36,11 @@ class Portal:
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start `coro` on the loop; cancelling the returned future cancels it there."""
-        loop = self._ensure()
+        try:
+            loop = self._ensure()
+        except RuntimeError:
+            coro.close()
+            raise
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("waiting on the portal from its own thread would deadlock")
@@ -58,6 +63,7 @@ class Portal:
 
     def stop(self) -> None:
         with self._lock:
+            self._stopped = True
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None or thread is None:
@@ -68,6 +74,8 @@ class Portal:
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._stopped:
+                raise RuntimeError("the client was closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
