@@ -24,6 +24,7 @@ from .postinference import PostInference
 from .router import Router, build_router
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
+from .tenants import ApiKey, load_keys
 from .turn import Classifier, Turn, TurnEnv, Validator
 from .ws import CLOSE_GOING_AWAY, ResponsesConnection
 
@@ -89,7 +90,7 @@ def create_app(
         backend = build_router(config or ShimConfig.from_settings(settings), kinds)
     env = TurnEnv(
         backend=backend,
-        store=store or MemoryResponseStore(settings.store_max_responses),
+        store=store or build_store(settings),
         validators=[*validators, *_flatten(manager.hook.responses_ws_validators(settings=settings))],
         classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
         post_inference=PostInference([_plugin_sink(manager)]),
@@ -121,6 +122,7 @@ def create_app(
         WebSocketRoute("/v1/responses", websocket_endpoint),
         Route("/v1/responses", http.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", http.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}/input_items", http.list_input_items, methods=["GET"]),
         Route("/v1/responses/{response_id}", http.delete_response, methods=["DELETE"]),
         Route("/v1/models", http.list_models, methods=["GET"]),
         Route("/healthz", http.healthz, methods=["GET"]),
@@ -128,9 +130,24 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.shim = shim
-    if settings.api_keys:
-        app.add_middleware(BearerAuth, keys=settings.api_keys)
+    keys = load_keys(settings.api_keys, settings.api_keys_file)
+    if keys:
+        app.add_middleware(BearerAuth, keys=keys)
     return app
+
+
+def build_store(settings: Settings) -> ResponseStore:
+    """The store `settings.store` names: in-process memory, or Redis shared by workers and replicas."""
+    if settings.store == "memory":
+        return MemoryResponseStore(settings.store_max_responses)
+    from .redis_store import RedisResponseStore
+
+    return RedisResponseStore(
+        settings.store,
+        ttl_s=settings.store_ttl_s,
+        max_entry_bytes=settings.store_max_entry_bytes,
+        timeout_s=settings.store_timeout_s,
+    )
 
 
 def _flatten(groups: list[list[Any]]) -> list[Any]:
@@ -155,16 +172,24 @@ def _plugin_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str
 
 
 class BearerAuth:
-    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade."""
+    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade.
+
+    The key's tenant goes into the scope's state (`tenants.scope_tenant`) for the routes.
+    """
 
     OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
-    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: Sequence[ApiKey]) -> None:
         self.app = app
-        self.keys = [key.encode() for key in keys]
+        self.keys = [(key.key.encode(), key.tenant) for key in keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.OPEN_PATHS or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        tenant = self._tenant(scope)
+        if tenant is not None:
+            scope.setdefault("state", {})["tenant"] = tenant
             await self.app(scope, receive, send)
             return
         denial = http.error_response(
@@ -180,9 +205,14 @@ class BearerAuth:
         else:
             await WebSocket(scope, receive, send).send_denial_response(denial)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _tenant(self, scope: Scope) -> str | None:
+        """The tenant of the presented key; every key is compared (in constant time) so timing tells nothing."""
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 presented = value[7:].strip()
-                return any(hmac.compare_digest(presented, key) for key in self.keys)
-        return False
+                found = None
+                for key, tenant in self.keys:
+                    if hmac.compare_digest(presented, key):
+                        found = tenant
+                return found
+        return None

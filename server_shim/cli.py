@@ -6,45 +6,63 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .config import ShimConfig
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import serve
+
+    loaded = _serve_settings(args)
+    if isinstance(loaded, str):
+        print(loaded, file=sys.stderr)
+        return 2
+    settings, config = loaded
+    where = f"{len(config.deployments)} deployment(s) from {args.config}" if config else settings.backend
+    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, where)
+    serve(settings, config=config, log_level=args.log_level.lower())
+    return 0
+
+
+def _serve_settings(args: argparse.Namespace) -> tuple[Settings, ShimConfig | None] | str:
+    """Settings from the config file, the environment and the flags (flags win), or why they are invalid."""
+    from pydantic import ValidationError
+
+    from .config import ShimConfig
+    from .tenants import load_keys
 
     overrides = {
         "host": args.host,
         "port": args.port,
         "backend": args.backend,
         "api_keys": args.api_key or None,
+        "api_keys_file": args.api_keys_file,
+        "store": args.store,
         "backend_api_key": args.backend_api_key,
     }
     config = None
-    if args.config:
-        from pydantic import ValidationError
-
-        from .config import ShimConfig
-
-        try:
-            config = ShimConfig.load(args.config)
-        except (OSError, ValueError, ValidationError) as exc:
-            print(f"{args.config}: invalid config\n{exc}", file=sys.stderr)
-            return 2
-        if config.deployments and args.backend:
-            print("--backend and a config with [[deployments]] both name backends: use one", file=sys.stderr)
-            return 2
-        settings = config.settings(**overrides)
-    else:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    where = (
-        f"{len(config.deployments)} deployment(s) from {args.config}"
-        if config and config.deployments
-        else settings.backend
-    )
-    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, where)
-    serve(settings, config=config if config and config.deployments else None, log_level=args.log_level.lower())
-    return 0
+    try:
+        if args.config:
+            try:
+                config = ShimConfig.load(args.config)
+            except (OSError, ValueError, ValidationError) as exc:
+                return f"{args.config}: invalid config\n{exc}"
+            if config.deployments and args.backend:
+                return "--backend and a config with [[deployments]] both name backends: use one"
+            settings = config.settings(**overrides)
+        else:
+            settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        return f"invalid settings\n{exc}"
+    try:
+        load_keys(settings.api_keys, settings.api_keys_file)
+    except (OSError, ValueError) as exc:
+        return f"API keys: {exc}"
+    return settings, config if config and config.deployments else None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -116,9 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="'simulated' (default) or the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
     )
     serve.add_argument(
-        "--api-key", action="extend", nargs="+", metavar="KEY", help="bearer key(s) clients must present (repeatable)"
+        "--api-key",
+        action="extend",
+        nargs="+",
+        metavar="KEY",
+        help="bearer key(s) clients must present (repeatable); visible in the process list: prefer --api-keys-file",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help="file of bearer keys, one 'KEY' or 'TENANT KEY' a line (also RESPONSES_WS_API_KEYS_FILE)",
     )
     serve.add_argument("--backend-api-key", help="bearer key the shim sends to the backend")
+    serve.add_argument(
+        "--store",
+        metavar="URL",
+        help="where store:true responses live: 'memory' (default, per process) or redis://HOST:PORT/DB, shared by "
+        "workers and replicas (also RESPONSES_WS_STORE, [server] store)",
+    )
     serve.add_argument("--config", help="TOML file with a [server] table; flags override it")
     serve.set_defaults(func=_serve)
 

@@ -39,6 +39,17 @@ def previous_response_not_found(response_id: str) -> APIError:
     )
 
 
+def store_unavailable() -> APIError:
+    """The shared response store (Redis) did not answer: only turns that need it fail, and only until it is back."""
+    return APIError(
+        503,
+        "store_unavailable",
+        "The response store is unreachable right now; retry shortly, or send the full input without "
+        "previous_response_id.",
+        type="server_error",
+    )
+
+
 def internal_error() -> APIError:
     """A bug on our side (a plugin or backend raised something unexpected): reported, never a hang."""
     return APIError(500, "server_error", "The server had an error while processing your request.", type="server_error")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -12,11 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .errors import APIError, internal_error, invalid
+from .items import Item
 from .requests import parse_create
+from .tenants import scope_tenant
 from .turn import Turn
 
 if TYPE_CHECKING:
     from .app import ShimState
+    from .state import ResponseState
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ async def create_response(request: Request) -> Response:
         create = parse_create(body, websocket=False)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
-        turn = Turn(create, shim.env, cache=None, transport="http")
+        turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope))
         await turn.prepare()
     except APIError as error:
         return error_response(error)
@@ -99,20 +102,73 @@ def _sse_error(event: dict[str, Any]) -> dict[str, Any]:
 
 
 async def get_response(request: Request) -> Response:
-    shim: ShimState = request.app.state.shim
-    response_id = request.path_params["response_id"]
-    state = await shim.env.store.load(response_id)
-    if state is None:
-        return error_response(_not_found(response_id))
+    state = await _stored(request)
+    if isinstance(state, APIError):
+        return error_response(state)
     return json_response(state.response)
+
+
+async def list_input_items(request: Request) -> Response:
+    """The items the request that created this response added (`limit`, `order`, `after` as OpenAI's)."""
+    state = await _stored(request)
+    if isinstance(state, APIError):
+        return error_response(state)
+    try:
+        page = input_items_page(state.input_items, request.query_params)
+    except APIError as error:
+        return error_response(error)
+    return json_response(page)
 
 
 async def delete_response(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
     response_id = request.path_params["response_id"]
-    if not await shim.env.store.delete(response_id):
+    try:
+        deleted = await shim.env.store.delete(response_id, scope_tenant(request.scope))
+    except APIError as error:
+        return error_response(error)
+    if not deleted:
         return error_response(_not_found(response_id))
     return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def _stored(request: Request) -> ResponseState | APIError:
+    """The stored response the path names, if the caller's tenant owns it; otherwise the same 404 as unknown."""
+    shim: ShimState = request.app.state.shim
+    response_id = request.path_params["response_id"]
+    try:
+        state = await shim.env.store.load(response_id, scope_tenant(request.scope))
+    except APIError as error:  # the store is unreachable
+        return error
+    return state if state is not None else _not_found(response_id)
+
+
+def input_items_page(items: list[Item], query: Mapping[str, str]) -> dict[str, Any]:
+    """One page of input items: newest first unless `order=asc`, after the item id `after`, at most `limit`."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("invalid_value", "'order' must be 'asc' or 'desc'.", "order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise invalid("invalid_value", "'limit' must be an integer from 1 to 100.", "limit")
+    listed = [item if "id" in item else {"id": f"item_{index}", **item} for index, item in enumerate(items)]
+    if order == "desc":
+        listed.reverse()
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in listed]
+        listed = listed[ids.index(after) + 1 :] if after in ids else []
+    page = listed[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(listed) > limit,
+    }
 
 
 async def list_models(request: Request) -> Response:

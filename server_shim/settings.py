@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated, Any
+
+import orjson
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SIMULATED = "simulated"
 
@@ -21,7 +24,14 @@ class Settings(BaseSettings):
     )
     backend_api_key: str | None = None
     backend_timeout_s: float = 300.0
-    api_keys: list[str] = Field(default_factory=list, description="Bearer keys clients must present.")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Bearer keys clients must present, each 'KEY' or 'TENANT KEY'; from the environment a JSON "
+        "list or entries separated by commas or newlines.",
+    )
+    api_keys_file: str | None = Field(
+        default=None, description="File of keys, one 'KEY' or 'TENANT KEY' a line ('#' comments), read at start-up."
+    )
     default_model: str = "simulated-1"
 
     max_frame_bytes: int = 4 * 1024 * 1024
@@ -33,6 +43,30 @@ class Settings(BaseSettings):
     cache_max_responses: int = 256
     cache_max_bytes: int = 64 * 1024 * 1024
     store_max_responses: int = 10_000
+    store: str = Field(
+        default="memory",
+        description="'memory' (per process) or a Redis URL shared by workers and replicas, e.g. redis://127.0.0.1:6379/0",
+    )
+    store_ttl_s: float = Field(default=30 * 86400, gt=0, description="how long a stored response can be continued")
+    store_max_entry_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="largest stored response")
+    store_timeout_s: float = Field(default=2.0, gt=0, description="Redis connect and command timeout")
 
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("store must be 'memory' or a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        """`RESPONSES_WS_API_KEYS` may be a JSON list or plain entries separated by commas or newlines."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return orjson.loads(value)
+        return [entry.strip() for entry in value.replace(",", "\n").splitlines() if entry.strip()]

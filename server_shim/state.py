@@ -23,6 +23,8 @@ class ResponseState:
     call_ids: frozenset[str]
     deployment: str | None = None
     carry: dict[str, Any] = field(default_factory=dict)
+    tenant: str | None = None
+    """The id of the API key's tenant that created it (see `tenants`); None when the server has no keys."""
 
     @property
     def id(self) -> str:
@@ -82,15 +84,16 @@ class ConnectionCache:
 class ResponseStore(Protocol):
     """Where `store: true` responses live beyond one connection.
 
-    Implementations must be safe to share between connections. `load` returns None for an
-    unknown id; `delete` returns whether something was removed.
+    Implementations must be safe to share between connections. Every read names the tenant
+    asking: a response owned by another tenant is indistinguishable from an unknown id, so
+    `load` returns None and `delete` returns False (and removes nothing) for both.
     """
 
     async def save(self, state: ResponseState) -> None: ...
 
-    async def load(self, response_id: str) -> ResponseState | None: ...
+    async def load(self, response_id: str, tenant: str | None) -> ResponseState | None: ...
 
-    async def delete(self, response_id: str) -> bool: ...
+    async def delete(self, response_id: str, tenant: str | None) -> bool: ...
 
     async def aclose(self) -> None: ...
 
@@ -108,11 +111,15 @@ class MemoryResponseStore:
         while len(self._states) > self.max_responses:
             self._states.popitem(last=False)
 
-    async def load(self, response_id: str) -> ResponseState | None:
-        return self._states.get(response_id)
+    async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
+        state = self._states.get(response_id)
+        return state if state is not None and state.tenant == tenant else None
 
-    async def delete(self, response_id: str) -> bool:
-        return self._states.pop(response_id, None) is not None
+    async def delete(self, response_id: str, tenant: str | None) -> bool:
+        if await self.load(response_id, tenant) is None:
+            return False
+        del self._states[response_id]
+        return True
 
     async def aclose(self) -> None:
         self._states.clear()

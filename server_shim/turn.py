@@ -82,12 +82,14 @@ class Turn:
         stream_id: str | None = None,
         transport: str = "websocket",
         connection_id: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.request = request
         self.env = env
         self.cache = cache
         self.transport = transport
         self.connection_id = connection_id
+        self.tenant = tenant
         self.seq = EventSequence(stream_id)
         self.result = TurnResult()
         self._plan: _Plan | None = None
@@ -192,7 +194,7 @@ class Turn:
             return None
         state = self.cache.get(previous_id) if self.cache is not None else None
         if state is None:
-            state = await self.env.store.load(previous_id)
+            state = await self.env.store.load(previous_id, self.tenant)
             if state is None:
                 raise previous_response_not_found(previous_id)
         return state
@@ -238,11 +240,15 @@ class Turn:
             call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] == "function_call"},
             deployment=plan.deployment,
             carry=plan.carry,
+            tenant=self.tenant,
         )
         if self.cache is not None:
             self.cache.put(state)
         if self.request.stores:
-            await self.env.store.save(state)
+            try:
+                await self.env.store.save(state)
+            except APIError as error:  # the store is away: this connection can still continue from its cache
+                log.warning("response %s completed but not stored: %s", state.id, error)
 
 
 def _sampling_options(request: CreateRequest) -> dict:

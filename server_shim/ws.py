@@ -22,6 +22,7 @@ from .errors import APIError, internal_error, invalid
 from .events import new_id
 from .requests import CreateRequest, check_stream_id, parse_create
 from .state import ConnectionCache
+from .tenants import scope_tenant
 from .turn import Turn
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class ResponsesConnection:
         self._closing: asyncio.Task[None] | None = None
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
         self.id = new_id("conn")
+        self.tenant = scope_tenant(websocket.scope)
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -133,7 +135,7 @@ class ResponsesConnection:
                 del self._lanes[stream_id]
 
     async def _run_turn(self, request: CreateRequest, stream_id: str | None) -> None:
-        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id)
+        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
         try:
             async with contextlib.aclosing(turn.events()) as events:
                 async for event in events:

@@ -56,18 +56,18 @@ def _stopping_servers() -> Iterator[list[BackgroundServer]]:
 
 @pytest.fixture
 def make_server(_stopping_servers: list[BackgroundServer]) -> Iterator[ServerFactory]:
-    """Start a shim server with these `Settings` overrides (`backend_impl`: a `Backend` object).
+    """Start a shim server with these `Settings` overrides (`backend_impl`: a `Backend`, `store_impl`: a store).
 
     Every server is told to stop at teardown.
     """
     started: list[BackgroundServer] = []
 
     def make(
-        *, validators: Any = (), backend_impl: Any = None, store: Any = None, config: Any = None, **overrides: Any
+        *, validators: Any = (), backend_impl: Any = None, store_impl: Any = None, config: Any = None, **overrides: Any
     ) -> BackgroundServer:
         overrides.setdefault("drain_timeout_s", 2.0)
         settings = Settings(**overrides)
-        app = create_app(settings, config=config, backend=backend_impl, store=store, validators=list(validators))
+        app = create_app(settings, config=config, backend=backend_impl, store=store_impl, validators=list(validators))
         server = BackgroundServer(app, settings).start()
         started.append(server)
         return server
@@ -102,3 +102,20 @@ def chat_server() -> Iterator[Any]:
 
     with ChatServer() as chat:
         yield chat
+
+
+@pytest.fixture(scope="session")
+def _redis_server() -> Iterator[Any]:
+    from support.redis_server import RedisServer
+
+    with RedisServer() as redis_server:
+        yield redis_server
+
+
+@pytest.fixture
+def redis_server(_redis_server: Any) -> Any:
+    """A real redis-server shared by the session, emptied for each test (restarted if a test stopped it)."""
+    if not _redis_server.ping():
+        _redis_server.start()
+    _redis_server.command("FLUSHALL")
+    return _redis_server

@@ -149,3 +149,17 @@ def test_serve_refuses_both_backend_and_config_deployments(tmp_path):
     )
     assert result.returncode == 2
     assert "--backend and a config with [[deployments]] both name backends" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--store", "postgres://db"], "store must be 'memory' or a redis://"),
+        (["--api-keys-file", "/nonexistent/keys"], "API keys:"),
+        (["--api-key", "alice sk-1", "--api-key", "bob sk-1"], "two tenants"),
+    ],
+)
+def test_serve_refuses_a_bad_store_or_bad_keys_before_binding(flags, message):
+    result = run("serve", "--port", str(closed_port()), *flags)
+    assert result.returncode == 2
+    assert message in result.stderr

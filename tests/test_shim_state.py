@@ -61,12 +61,23 @@ async def test_the_memory_store_saves_loads_deletes_and_drops_the_oldest():
     store = MemoryResponseStore(max_responses=2)
     for name in ("a", "b", "c"):
         await store.save(state(name))
-    assert await store.load("a") is None
-    assert (await store.load("c")).id == "c"
-    assert await store.delete("b") is True
-    assert await store.delete("b") is False
+    assert await store.load("a", None) is None
+    assert (await store.load("c", None)).id == "c"
+    assert await store.delete("b", None) is True
+    assert await store.delete("b", None) is False
     await store.aclose()
-    assert await store.load("c") is None
+    assert await store.load("c", None) is None
+
+
+async def test_the_memory_store_answers_another_tenant_as_for_an_unknown_id():
+    store = MemoryResponseStore()
+    owned = state("a")
+    owned.tenant = "alice"
+    await store.save(owned)
+    assert await store.load("a", "bob") is None and await store.load("a", None) is None
+    assert await store.delete("a", "bob") is False
+    assert (await store.load("a", "alice")) is owned
+    assert await store.delete("a", "alice") is True
 
 
 # --- over the wire -------------------------------------------------------------------------------

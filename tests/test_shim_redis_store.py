@@ -1,0 +1,156 @@
+"""The Redis response store on a real redis-server: encoding, TTL, bound, tenants, replicas, faults."""
+
+from __future__ import annotations
+
+import openai
+import orjson
+import pytest
+from openai import AsyncOpenAI
+from support.wire import LOOKUP_TOOL, MODEL, TurnEvents, completed_ok, run_turn, user
+
+from server_shim.redis_store import ENCODING_VERSION, RedisResponseStore, UnreadableEntry, decode_state, encode_state
+from server_shim.render import ChatPrompt, render_items
+from server_shim.state import ResponseState
+
+
+def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -> ResponseState:
+    items = [user(text)]
+    output = [{"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{}", "id": "fc_1"}]
+    return ResponseState(
+        response={"id": response_id, "object": "response", "output": output},
+        input_items=items,
+        output_items=output,
+        tools=[LOOKUP_TOOL],
+        chat_tools=[{"type": "function", "function": {"name": "lookup"}}],
+        prompt=ChatPrompt().extend(render_items(items + output)),
+        call_ids=frozenset({"call_1"}),
+        deployment="simulated",
+        carry={"upstream": "resp_up"},
+        tenant=tenant,
+    )
+
+
+def test_the_encoding_round_trips_every_field_and_the_prompt_bytes():
+    original = state("resp_1")
+    decoded = decode_state(encode_state(original))
+    assert decoded == original
+    assert decoded.prompt.fragments == original.prompt.fragments
+    assert decoded.prompt.encoded_messages("sys") == original.prompt.encoded_messages("sys")
+
+
+def test_an_entry_from_an_unknown_version_is_refused_and_unknown_fields_are_ignored():
+    body = orjson.loads(encode_state(state("resp_1")))
+    with pytest.raises(UnreadableEntry, match="version"):
+        decode_state(orjson.dumps({**body, "v": ENCODING_VERSION + 1}))
+    assert decode_state(orjson.dumps({**body, "added_later": [1, 2]})).id == "resp_1"
+    with pytest.raises(UnreadableEntry):
+        decode_state(b"\x00not json")
+
+
+async def test_the_store_saves_with_a_ttl_loads_for_its_tenant_only_and_deletes(redis_server):
+    store = RedisResponseStore(redis_server.url, ttl_s=600)
+    try:
+        await store.save(state("resp_1"))
+        ttl_ms = int(redis_server.command("PTTL", "responses-ws:resp:resp_1")[1:].split(b"\r")[0])
+        assert 590_000 < ttl_ms <= 600_000
+        assert (await store.load("resp_1", "alice")) == state("resp_1")
+        assert await store.load("resp_1", "bob") is None
+        assert await store.load("resp_1", None) is None
+        assert await store.delete("resp_1", "bob") is False
+        assert await store.load("resp_1", "alice") is not None
+        assert await store.delete("resp_1", "alice") is True
+        assert await store.load("resp_1", "alice") is None
+        assert await store.delete("resp_1", "alice") is False
+    finally:
+        await store.aclose()
+
+
+async def test_a_response_over_the_entry_bound_is_not_stored(redis_server):
+    store = RedisResponseStore(redis_server.url, max_entry_bytes=2048)
+    try:
+        await store.save(state("resp_big", "x" * 4096))
+        await store.save(state("resp_small"))
+        assert await store.load("resp_big", "alice") is None
+        assert await store.load("resp_small", "alice") is not None
+    finally:
+        await store.aclose()
+
+
+async def test_an_unreadable_entry_reads_as_absent(redis_server):
+    redis_server.command("SET", "responses-ws:resp:resp_bad", '{"v": 99}')
+    store = RedisResponseStore(redis_server.url)
+    try:
+        assert await store.load("resp_bad", None) is None
+    finally:
+        await store.aclose()
+
+
+# --- two replicas on one Redis -------------------------------------------------------------------
+
+
+@pytest.fixture
+def replicas(make_server, redis_server):
+    return [make_server(store=redis_server.url) for _ in range(2)]
+
+
+def ok(turn: TurnEvents) -> TurnEvents:
+    completed_ok(turn)
+    return turn
+
+
+def sdk(server, key: str = "k") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+async def test_a_conversation_stored_on_one_replica_continues_on_the_other_over_both_transports(replicas):
+    a, b = replicas
+    async with sdk(a) as on_a, sdk(b) as on_b:
+        async with on_a.responses.connect() as conn:
+            first = ok(await run_turn(conn, input=[user('call lookup {"n": 1}')], tools=[LOOKUP_TOOL]))
+        call = next(item for item in first.response["output"] if item["type"] == "function_call")
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "42"}
+        async with on_b.responses.connect() as conn:
+            second = ok(await run_turn(conn, input=[output], previous_response_id=first.id, tools=[LOOKUP_TOOL]))
+        assert b.shim.stats.input_items_received == 1  # B got only the new item, the history came from Redis
+        third = await on_b.responses.create(model=MODEL, input="and over HTTP", previous_response_id=second.id)
+        assert third.status == "completed"
+        assert (await on_a.responses.retrieve(third.id)).id == third.id
+        await on_a.responses.delete(third.id)
+        with pytest.raises(openai.NotFoundError):
+            await on_b.responses.retrieve(third.id)
+
+
+async def test_tenant_isolation_holds_across_replicas(make_server, redis_server):
+    keys = ["alice sk-a", "bob sk-b"]
+    a, b = (make_server(api_keys=keys, store=redis_server.url) for _ in range(2))
+    async with sdk(a, "sk-a") as alice, sdk(b, "sk-b") as bob, sdk(b, "sk-a") as alice_on_b:
+        stored = await alice.responses.create(model=MODEL, input="secret")
+        with pytest.raises(openai.NotFoundError):
+            await bob.responses.retrieve(stored.id)
+        async with bob.responses.connect() as conn:
+            refused = await run_turn(conn, input="go", previous_response_id=stored.id)
+            assert refused.error["error"]["code"] == "previous_response_not_found"
+        assert (await alice_on_b.responses.retrieve(stored.id)).id == stored.id
+
+
+# --- Redis faults --------------------------------------------------------------------------------
+
+
+async def test_redis_down_fails_only_turns_that_need_the_store_and_the_service_recovers(replicas, redis_server):
+    a, b = replicas
+    async with sdk(a) as on_a, sdk(b) as on_b, on_a.responses.connect() as conn:
+        first = ok(await run_turn(conn, input=[user("one")]))
+        redis_server.stop()
+        # the connection cache needs no store: the chain on this socket goes on
+        second = ok(await run_turn(conn, input=[user("two")], previous_response_id=first.id))
+        async with on_b.responses.connect() as other:
+            refused = await run_turn(other, input=[user("three")], previous_response_id=second.id)
+            assert refused.error["error"]["code"] == "store_unavailable"
+            completed_ok(await run_turn(other, input=[user("no store needed")], store=False))
+        with pytest.raises(openai.InternalServerError) as http_refused:
+            await on_b.responses.retrieve(first.id)
+        assert http_refused.value.status_code == 503 and http_refused.value.code == "store_unavailable"
+        redis_server.start()  # persistence is off: what was stored is gone, the service is not
+        fresh = ok(await run_turn(conn, input=[user("four")]))
+        continued = await on_b.responses.create(model=MODEL, input="five", previous_response_id=fresh.id)
+        assert continued.status == "completed"

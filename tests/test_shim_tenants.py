@@ -1,0 +1,142 @@
+"""Tenant isolation: a response belongs to the key's tenant; to any other tenant it does not exist."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+from support.wire import MODEL, TurnEvents, completed_ok, run_turn, user
+
+from server_shim import Settings
+from server_shim.tenants import anonymous_tenant_id, load_keys, parse_key_entry, parse_key_lines
+
+ALICE_KEY = "sk-alice-0123"
+BOB_KEY = "sk-bob-4567"
+UNNAMED_KEY = "sk-nobody-89"
+
+
+def test_a_key_entry_is_a_key_or_a_tenant_name_and_a_key():
+    assert parse_key_entry("sk-1").tenant == anonymous_tenant_id("sk-1")
+    named = parse_key_entry("  alice   sk-1 ")
+    assert (named.tenant, named.key) == ("alice", "sk-1")
+    assert "sk-1" not in repr(named)
+    for bad in ("a b c", "bad/name sk-1", ""):
+        with pytest.raises(ValueError):
+            parse_key_entry(bad)
+
+
+def test_an_unnamed_tenant_id_is_stable_and_never_contains_the_key():
+    assert anonymous_tenant_id("sk-1") == anonymous_tenant_id("sk-1") != anonymous_tenant_id("sk-2")
+    assert "sk-1" not in anonymous_tenant_id("sk-1")
+
+
+def test_a_keys_file_skips_comments_and_blank_lines(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"# team keys\nalice {ALICE_KEY}\n\n{UNNAMED_KEY}  # ci\n")
+    keys = load_keys(["bob " + BOB_KEY], path)
+    assert [k.tenant for k in keys] == ["bob", "alice", anonymous_tenant_id(UNNAMED_KEY)]
+    assert [k.tenant for k in parse_key_lines("a k1, b k2")] == ["a", "b"]
+
+
+def test_one_key_for_two_tenants_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="two tenants"):
+        load_keys([f"alice {ALICE_KEY}", f"bob {ALICE_KEY}"], None)
+
+
+def test_keys_come_from_the_environment_as_plain_entries_or_json(monkeypatch):
+    monkeypatch.setenv("RESPONSES_WS_API_KEYS", f"alice {ALICE_KEY},{BOB_KEY}")
+    assert Settings().api_keys == [f"alice {ALICE_KEY}", BOB_KEY]
+    monkeypatch.setenv("RESPONSES_WS_API_KEYS", f'["{BOB_KEY}"]')
+    assert Settings().api_keys == [BOB_KEY]
+
+
+@pytest.fixture
+def shared(make_server, tmp_path):
+    """One server, two named tenants from a keys file and one unnamed key on the command line."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {ALICE_KEY}\nbob {BOB_KEY}\n")
+    return make_server(api_keys=[UNNAMED_KEY], api_keys_file=str(keys))
+
+
+def ok(turn: TurnEvents) -> TurnEvents:
+    completed_ok(turn)
+    return turn
+
+
+def sdk(server, key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+async def _not_found_body(client: AsyncOpenAI, call) -> dict:
+    with pytest.raises(openai.NotFoundError) as missing:
+        await call(client)
+    return missing.value.body
+
+
+async def test_another_tenants_response_answers_as_an_unknown_id_over_http(shared):
+    async with sdk(shared, ALICE_KEY) as alice, sdk(shared, BOB_KEY) as bob:
+        stored = await alice.responses.create(model=MODEL, input="alice's secret")
+        unknown = "resp_" + "0" * 32
+        for call in (
+            lambda c, i: c.responses.retrieve(i),
+            lambda c, i: c.responses.delete(i),
+            lambda c, i: c.responses.input_items.list(i),
+        ):
+            theirs = await _not_found_body(bob, lambda c, call=call: call(c, stored.id))
+            nobody = await _not_found_body(bob, lambda c, call=call: call(c, unknown))
+            assert theirs == {**nobody, "message": nobody["message"].replace(unknown, stored.id)}
+        with pytest.raises(openai.BadRequestError) as chained:
+            await bob.responses.create(model=MODEL, input="continue", previous_response_id=stored.id)
+        assert chained.value.code == "previous_response_not_found"
+        # the owner still has it, untouched by bob's delete
+        assert (await alice.responses.retrieve(stored.id)).id == stored.id
+        items = await alice.responses.input_items.list(stored.id)
+        assert [item.content for item in items.data] == ["alice's secret"]
+        follow = await alice.responses.create(model=MODEL, input="go on", previous_response_id=stored.id)
+        assert follow.status == "completed"
+
+
+async def test_another_tenant_cannot_chain_over_websocket_and_its_connection_stays_sound(shared):
+    async with sdk(shared, ALICE_KEY) as alice, sdk(shared, BOB_KEY) as bob:
+        async with alice.responses.connect() as conn:
+            first = ok(await run_turn(conn, input=[user("alice's plan")]))
+        async with bob.responses.connect() as conn:
+            refused = await run_turn(conn, input=[user("tell me")], previous_response_id=first.id)
+            assert refused.error is not None
+            assert refused.error["error"]["code"] == "previous_response_not_found"
+            own = ok(await run_turn(conn, input=[user("my own")]))
+            ok(await run_turn(conn, input=[user("and on")], previous_response_id=own.id))
+        async with alice.responses.connect() as conn:
+            completed_ok(await run_turn(conn, input=[user("next")], previous_response_id=first.id))
+
+
+async def test_a_stored_response_records_its_tenant_id_never_the_key(shared):
+    async with sdk(shared, ALICE_KEY) as alice, sdk(shared, UNNAMED_KEY) as unnamed:
+        by_alice = await alice.responses.create(model=MODEL, input="hi")
+        by_unnamed = await unnamed.responses.create(model=MODEL, input="hi")
+    store = shared.shim.env.store
+    assert (await store.load(by_alice.id, "alice")).tenant == "alice"
+    assert await store.load(by_alice.id, None) is None
+    state = await store.load(by_unnamed.id, anonymous_tenant_id(UNNAMED_KEY))
+    assert state is not None and UNNAMED_KEY not in repr(state)
+
+
+async def test_without_keys_everyone_is_the_same_tenant(make_server):
+    server = make_server()
+    async with sdk(server, "any") as one, sdk(server, "other") as two:
+        stored = await one.responses.create(model=MODEL, input="shared")
+        assert (await two.responses.retrieve(stored.id)).id == stored.id
+
+
+async def test_input_items_pages_newest_first_by_default(shared):
+    async with sdk(shared, ALICE_KEY) as alice:
+        stored = await alice.responses.create(model=MODEL, input=[user("one"), user("two"), user("three")])
+        newest = await alice.responses.input_items.list(stored.id, limit=2)
+        assert [i.content for i in newest.data] == ["three", "two"] and newest.has_more
+        rest = await alice.responses.input_items.list(stored.id, limit=2, after=newest.last_id)
+        assert [i.content for i in rest.data] == ["one"] and not rest.has_more
+        ascending = await alice.responses.input_items.list(stored.id, order="asc")
+        assert [i.content for i in ascending.data] == ["one", "two", "three"]
+        with pytest.raises(openai.BadRequestError) as bad:
+            await alice.responses.input_items.list(stored.id, limit=0)
+        assert bad.value.code == "invalid_value"
