@@ -22,9 +22,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(loaded, file=sys.stderr)
         return 2
     settings, config = loaded
+    if args.workers < 1:
+        print("--workers must be at least 1", file=sys.stderr)
+        return 2
     where = f"{len(config.deployments)} deployment(s) from {args.config}" if config else settings.backend
     logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, where)
-    serve(settings, config=config, log_level=args.log_level.lower())
+    serve(settings, config=config, log_level=args.log_level.lower(), workers=args.workers)
     return 0
 
 
@@ -153,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         "workers and replicas (also RESPONSES_WS_STORE, [server] store)",
     )
     serve.add_argument("--config", help="TOML file with a [server] table; flags override it")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes accepting on the one port (default 1); share stored responses with --store redis://",
+    )
     serve.set_defaults(func=_serve)
 
     demo = sub.add_parser(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import socket
 import threading
 
+import orjson
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.supervisors import Multiprocess
 
 from .app import ShimState, create_app
 from .config import ShimConfig
@@ -27,7 +31,13 @@ class ShimServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvicorn.Config:
+log = logging.getLogger(__name__)
+
+WORKER_ENV = "RESPONSES_WS_WORKER_SETUP"
+"""How `serve --workers N` hands the parent's settings and config to each worker process."""
+
+
+def uvicorn_config(app: Starlette | str, settings: Settings, **kwargs: object) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -41,11 +51,41 @@ def uvicorn_config(app: Starlette, settings: Settings, **kwargs: object) -> uvic
     )
 
 
-def serve(settings: Settings, *, config: ShimConfig | None = None, log_level: str = "info") -> None:
+def serve(settings: Settings, *, config: ShimConfig | None = None, log_level: str = "info", workers: int = 1) -> None:
+    if workers > 1:
+        serve_workers(settings, config=config, log_level=log_level, workers=workers)
+        return
     app = create_app(settings, config=config)
     server = ShimServer(uvicorn_config(app, settings, log_level=log_level), app.state.shim)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
         asyncio.run(server.serve())
+
+
+def serve_workers(settings: Settings, *, config: ShimConfig | None, log_level: str, workers: int) -> None:
+    """N processes accepting on one socket, uvicorn's own way; each builds the app from the parent's setup.
+
+    Connection caches are per process; a client whose new connection lands on another worker
+    continues from the response store, so that store must be shared (Redis) for it to work.
+    """
+    if settings.store == "memory":
+        log.warning(
+            "--workers %d with the memory store: stored responses are per worker, so a connection that lands on "
+            "another worker cannot continue them; use --store redis://HOST:PORT/DB to share them",
+            workers,
+        )
+    setup = {"settings": settings.model_dump(mode="json"), "config": config.model_dump(mode="json") if config else None}
+    os.environ[WORKER_ENV] = orjson.dumps(setup).decode()
+    uv_config = uvicorn_config(f"{__name__}:worker_app", settings, factory=True, workers=workers, log_level=log_level)
+    with contextlib.suppress(KeyboardInterrupt):
+        Multiprocess(uv_config, sockets=[uv_config.bind_socket()]).run()
+
+
+def worker_app() -> Starlette:
+    """The app of one `--workers` process (uvicorn calls this factory in each child)."""
+    setup = orjson.loads(os.environ[WORKER_ENV])
+    settings = Settings.model_validate(setup["settings"])
+    config = ShimConfig.model_validate(setup["config"]) if setup["config"] else None
+    return create_app(settings, config=config)
 
 
 class BackgroundServer:

@@ -37,6 +37,8 @@ class RecordingValidator:
         return self.calls[-1]
 
 
+pytest_plugins = ["support.serve"]  # the serve_process fixture: `responses-ws serve` as a subprocess
+
 ServerFactory = Callable[..., BackgroundServer]
 
 

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx2
 import pytest
 from openai import AsyncOpenAI
 from support.chat_server import closed_port
+from support.serve import SCRIPT, stop_cleanly, wait_healthy
 from support.wire import completed_ok, run_turn
-
-SCRIPT = Path(sys.executable).with_name("responses-ws")
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -49,50 +44,6 @@ def test_demo_runs_three_turns_and_prints_the_table():
     assert "SIMULATED" in out
     assert "HTTP, full history" in out and "WebSocket, chained" in out and "ratio" in out
     assert "Both transports produced the same outputs" in out
-
-
-@pytest.fixture
-def serve_process(tmp_path):
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}
-        process = subprocess.Popen(
-            [str(SCRIPT), "--log-level", "WARNING", "serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait(5)
-
-
-def wait_healthy(port: int, process: subprocess.Popen[str], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited early: {process.stdout.read()}")
-        try:
-            if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx2.TransportError:
-            time.sleep(0.05)
-    raise AssertionError("serve did not become healthy")
-
-
-def stop_cleanly(process: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
-    """uvicorn shuts down gracefully, then re-raises the signal so the exit status tells what stopped it."""
-    process.send_signal(sig)
-    assert process.wait(15) in (0, -sig)
-    output = process.stdout.read()
-    assert "Traceback" not in output, output
 
 
 async def test_serve_with_flags_answers_the_sdk_and_stops_cleanly_on_sigint(serve_process):
