@@ -7,6 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai.types.responses import Response
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
 from .backends.base import Delta, Finish, TextDelta, ToolCallDelta, Usage
 
 Event = dict[str, Any]
@@ -118,24 +121,19 @@ class OutputAssembler:
         events = self._close_message("completed")
         open_call = self._calls.get(delta.index)
         if open_call is None:
-            item = {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": delta.call_id or new_id("call"),
-                "name": delta.name or "",
-                "arguments": "",
-            }
-            open_call = self._calls[delta.index] = _OpenItem(item, len(self.output))
-            self.output.append(item)
-            events.append(self.seq("response.output_item.added", output_index=open_call.index, item=dict(item)))
+            open_call = self._calls[delta.index] = _OpenItem(_call_item(delta), len(self.output))
+            self.output.append(open_call.item)
+            events.append(
+                self.seq("response.output_item.added", output_index=open_call.index, item=dict(open_call.item))
+            )
         elif delta.name and not open_call.item["name"]:
             open_call.item["name"] = delta.name
         if delta.arguments:
             open_call.text.append(delta.arguments)
+            custom = open_call.item["type"] == "custom_tool_call"
             events.append(
                 self.seq(
-                    "response.function_call_arguments.delta",
+                    "response.custom_tool_call_input.delta" if custom else "response.function_call_arguments.delta",
                     item_id=open_call.item["id"],
                     output_index=open_call.index,
                     delta=delta.arguments,
@@ -159,6 +157,17 @@ class OutputAssembler:
 
     def _close_call(self, open_call: _OpenItem, status: str) -> list[Event]:
         item = open_call.item
+        if item["type"] == "custom_tool_call":
+            item["input"] = "".join(open_call.text)
+            return [
+                self.seq(
+                    "response.custom_tool_call_input.done",
+                    item_id=item["id"],
+                    output_index=open_call.index,
+                    input=item["input"],
+                ),
+                self.seq("response.output_item.done", output_index=open_call.index, item=item),
+            ]
         item.update(status=status, arguments="".join(open_call.text))
         return [
             self.seq(
@@ -170,6 +179,31 @@ class OutputAssembler:
             ),
             self.seq("response.output_item.done", output_index=open_call.index, item=item),
         ]
+
+
+def _call_item(delta: ToolCallDelta) -> dict[str, Any]:
+    """A new function or custom tool call item (a custom call has no status in the API)."""
+    call_id = delta.call_id or new_id("call")
+    if delta.custom:
+        item = {
+            "id": new_id("ctc"),
+            "type": "custom_tool_call",
+            "call_id": call_id,
+            "name": delta.name or "",
+            "input": "",
+        }
+    else:
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": delta.name or "",
+            "arguments": "",
+        }
+    if delta.namespace:
+        item["namespace"] = delta.namespace
+    return item
 
 
 def response_object(
@@ -184,7 +218,7 @@ def response_object(
     created_at: float | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The Response object as the API returns it, built from the request and the outcome."""
+    """The Response object as the API returns it: every request field it echoes, then the outcome."""
     now = time.time()
     return {
         "id": response_id,
@@ -192,26 +226,53 @@ def response_object(
         "created_at": int(created_at or now),
         "completed_at": int(now) if status in ("completed", "incomplete", "failed") else None,
         "status": status,
-        "background": False,
+        **echoed_fields(request),
         "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens,
         "metadata": {**(request.metadata or {}), **labels} if labels else (request.metadata or {}),
-        "model": request.model,
         "output": output or [],
-        "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "previous_response_id": request.previous_response_id,
-        "store": request.stores,
-        "temperature": request.temperature if request.temperature is not None else 1.0,
-        "text": request.text or {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
-        "tools": request.tools or [],
-        "top_p": request.top_p if request.top_p is not None else 1.0,
-        "truncation": "disabled",
         "usage": _usage(usage),
-        "user": request.user,
     }
+
+
+ECHOED_FIELDS = frozenset(Response.model_fields) & frozenset(ResponseCreateParamsBase.__annotations__)
+"""Request fields the API's Response object carries back: read from the SDK's own types."""
+
+_ECHO_DEFAULTS: dict[str, Any] = {
+    "background": False,
+    "instructions": None,
+    "max_output_tokens": None,
+    "max_tool_calls": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "prompt": None,
+    "prompt_cache_key": None,
+    "prompt_cache_retention": None,
+    "reasoning": {"effort": None, "summary": None},
+    "safety_identifier": None,
+    "service_tier": "default",
+    "temperature": 1.0,
+    "text": {"format": {"type": "text"}, "verbosity": "medium"},
+    "tool_choice": "auto",
+    "tools": [],
+    "top_logprobs": 0,
+    "top_p": 1.0,
+    "truncation": "disabled",
+    "user": None,
+}
+
+
+def echoed_fields(request: Any) -> dict[str, Any]:
+    """What the request set, over the API's defaults; `store` is the shim's own (it defaults to true)."""
+    given = request.model_dump(include=set(ECHOED_FIELDS), exclude_none=True)
+    fields = {**_ECHO_DEFAULTS, **given, "model": request.model, "store": request.stores}
+    for nested in ("reasoning", "text"):
+        if nested in given:
+            fields[nested] = {**_ECHO_DEFAULTS[nested], **given[nested]}
+    if fields["service_tier"] == "auto":
+        fields["service_tier"] = "default"
+    fields.pop("metadata", None)
+    return fields
 
 
 def _usage(usage: Usage | None) -> dict[str, Any] | None:

@@ -5,14 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from openai.types.responses import ResponseInputItemParam
+
 from .errors import APIError, invalid
+from .sdk import sdk_literal_types
 
 Item = dict[str, Any]
 
 MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PART_TYPES = frozenset({"input_text", "output_text", "refusal"})
 PART_TYPES = TEXT_PART_TYPES | {"input_image", "input_file"}
-IGNORED_ITEM_TYPES = frozenset({"reasoning"})
+ITEM_TYPES = sdk_literal_types(ResponseInputItemParam) | {"message", "item_reference"}
+"""Every input item type of the SDK's union. Those a chat backend cannot use are dropped when rendering."""
+CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
+OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 def normalize_input(raw: Any) -> list[Item]:
@@ -38,32 +44,46 @@ def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set
         param = f"input[{index}]"
         if not isinstance(item, dict):
             raise invalid("invalid_type", f"'{param}' must be an object.", param)
-        kind = item.setdefault("type", "message") if "role" in item else item.get("type")
+        kind = _kind(item)
         if kind == "message":
             _validate_message(item, param)
-        elif kind == "function_call":
-            _require_str(item, ("call_id", "name", "arguments"), param)
+        elif kind in CALL_TYPES:
+            _require_str(item, ("call_id", "name", "arguments" if kind == "function_call" else "input"), param)
             introduced.add(item["call_id"])
-        elif kind == "function_call_output":
-            _require_str(item, ("call_id",), param)
-            output = item.get("output")
-            if not isinstance(output, (str, list)):
-                raise invalid("invalid_type", f"'{param}.output' must be a string or an array.", f"{param}.output")
-            call_id = item["call_id"]
-            if call_id not in known and call_id not in introduced:
-                raise invalid(
-                    "tool_output_without_call",
-                    f"No tool call found for function call output with call_id '{call_id}'.",
-                    f"{param}.call_id",
-                )
-        elif kind in IGNORED_ITEM_TYPES or kind == "item_reference":
-            if kind == "item_reference":
-                _require_str(item, ("id",), param)
+        elif kind in OUTPUT_TYPES:
+            _validate_output(item, param, known, introduced)
+        elif kind == "item_reference":
+            _require_str(item, ("id",), param)
         elif kind is None:
             raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.type'.", param)
-        else:
+        elif kind not in ITEM_TYPES:
             raise invalid("invalid_value", f"Invalid value for '{param}.type': unsupported item type '{kind}'.", param)
     return introduced
+
+
+def _kind(item: Item) -> Any:
+    """An item's type; the SDK lets a message omit it (it has a role) and a reference too (it has only an id)."""
+    if "type" not in item:
+        if "role" in item:
+            item["type"] = "message"
+        elif set(item) == {"id"}:
+            item["type"] = "item_reference"
+    return item.get("type")
+
+
+def _validate_output(item: Item, param: str, known: Iterable[str], introduced: set[str]) -> None:
+    _require_str(item, ("call_id",), param)
+    output = item.get("output")
+    if not isinstance(output, (str, list)):
+        raise invalid("invalid_type", f"'{param}.output' must be a string or an array.", f"{param}.output")
+    call_id = item["call_id"]
+    if call_id not in known and call_id not in introduced:
+        kind = "custom tool" if item["type"] == "custom_tool_call_output" else "function"
+        raise invalid(
+            "tool_output_without_call",
+            f"No tool call found for {kind} call output with call_id '{call_id}'.",
+            f"{param}.call_id",
+        )
 
 
 def _validate_message(item: Item, param: str) -> None:

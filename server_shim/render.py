@@ -1,5 +1,9 @@
 """Render Responses items into Chat Completions messages, append-only.
 
+Messages, function and custom tool calls and their outputs are rendered; every other item type
+(reasoning, compaction, hosted tool calls and their results) is dropped for chat backends, which
+could not have produced them and cannot read them.
+
 A rendered prompt is immutable: a turn extends its parent's prompt with the messages
 of the new items only, and keeps each message's JSON encoding so the backend body is
 a byte join, not a re-encoding of the history. The same history always renders to the
@@ -16,6 +20,9 @@ import orjson
 from .items import Item
 
 Message = dict[str, Any]
+
+NAMESPACE_SEPARATOR = "__"
+"""A namespace member's chat function name is `<namespace>__<name>`."""
 
 
 def encode(value: Any) -> bytes:
@@ -55,8 +62,10 @@ class _Renderer:
         if kind == "message":
             self._message(item)
         elif kind == "function_call":
-            self._function_call(item)
-        elif kind == "function_call_output":
+            self._call(item, item["arguments"])
+        elif kind == "custom_tool_call":
+            self._call(item, encode({"input": item["input"]}).decode())
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item["output"]
             content = output if isinstance(output, str) else _text_of(output)
             self.messages.append({"content": content, "role": "tool", "tool_call_id": item["call_id"]})
@@ -70,9 +79,11 @@ class _Renderer:
             content = _chat_content(content)
         self.messages.append({"content": content, "role": role})
 
-    def _function_call(self, item: Item) -> None:
+    def _call(self, item: Item, arguments: str) -> None:
+        """A function or custom tool call as an assistant tool call, named as `tools.chat_tools` names it."""
+        name = item["name"] if not item.get("namespace") else f"{item['namespace']}{NAMESPACE_SEPARATOR}{item['name']}"
         call = {
-            "function": {"arguments": item["arguments"], "name": item["name"]},
+            "function": {"arguments": arguments, "name": name},
             "id": item["call_id"],
             "type": "function",
         }

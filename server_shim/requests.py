@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -35,12 +35,33 @@ class CreateRequest(BaseModel):
     metadata: dict[str, str] | None = None
     text: dict[str, Any] | None = None
     user: str | None = None
+    reasoning: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
 
     @field_validator("input")
     @classmethod
     def _input_shape(cls, value: Any) -> Any:
         if value is not None and not isinstance(value, (str, list)):
             raise ValueError("must be a string or an array of input items")
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        fmt = (value or {}).get("format")
+        if fmt is None:
+            return value
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError("format.type must be 'text', 'json_object' or 'json_schema'")
+        if kind == "json_schema" and not (isinstance(fmt.get("name"), str) and isinstance(fmt.get("schema"), dict)):
+            raise ValueError("a json_schema format needs a 'name' and a 'schema' object")
         return value
 
     @property
@@ -60,6 +81,12 @@ def parse_create(body: dict[str, Any], *, websocket: bool) -> CreateRequest:
             "unsupported_parameter",
             "'background: true' is not supported over WebSocket; use HTTP for background responses.",
             "background",
+        )
+    if request.model_extra and request.model_extra.get("conversation") is not None:
+        raise invalid(
+            "unsupported_parameter",
+            "'conversation' is not supported by this server; chain with 'previous_response_id'.",
+            "conversation",
         )
     if request.stream_id is not None and not websocket:
         raise invalid("unsupported_parameter", "'stream_id' is only valid over WebSocket.", "stream_id")

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from .items import Item
 from .render import ChatPrompt
+from .tools import ChatTools
 
 
 @dataclass(slots=True)
@@ -18,7 +19,7 @@ class ResponseState:
     input_items: list[Item]
     output_items: list[Item]
     tools: list[dict[str, Any]]
-    chat_tools: list[dict[str, Any]] | None
+    chat_tools: ChatTools
     prompt: ChatPrompt
     call_ids: frozenset[str]
     deployment: str | None = None
@@ -47,6 +48,8 @@ class ConnectionCache:
         self.max_bytes = max_bytes
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
         self._bytes = 0
+        self.notices: set[str] = set()
+        """What this connection was told once already (hosted tools dropped, ...)."""
 
     def __len__(self) -> int:
         return len(self._states)

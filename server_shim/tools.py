@@ -1,47 +1,253 @@
-"""Responses tool definitions -> Chat Completions tools, checked once per distinct tool list."""
+"""Responses tools: every type of the SDK's `ToolParam` union is accepted; chat backends get functions.
+
+The one rule for Chat Completions backends (the README's "Clients" section repeats it):
+- `function` tools pass through.
+- `namespace` tools are flattened: each member becomes a function named `<namespace>__<name>`;
+  its calls map back to the member's own name with `namespace` set, as the API reports them.
+- `custom` tools (free-form text, optional grammar) become a function with one string parameter,
+  `input`, the grammar in its description; their calls come back as `custom_tool_call` items.
+- Hosted tools (every other type: web search, file search, MCP, shell, ...) cannot run on a chat
+  backend. The deployment's `hosted_tools` policy decides: `drop` (the default; the dropped types
+  are listed in the response's metadata), `refuse` (`unsupported_tool`), or `pass` (a `responses`
+  upstream runs them).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from openai.types.responses import ToolParam
+
+from .backends.base import Delta, Finish, ToolCallDelta
 from .errors import invalid
+from .render import NAMESPACE_SEPARATOR
+from .sdk import sdk_literal_types
+
+HostedPolicy = Literal["drop", "refuse", "pass"]
+
+CUSTOM_INPUT = "input"
+DROPPED_METADATA_KEY = "responses_ws.hosted_tools_dropped"
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    converted = []
-    for index, tool in enumerate(tools):
+TOOL_TYPES = sdk_literal_types(ToolParam)
+CALLABLE_TYPES = frozenset({"function", "custom", "namespace"})
+HOSTED_TYPES = TOOL_TYPES - CALLABLE_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOrigin:
+    """What a chat function stands for: a function or custom tool, maybe inside a namespace."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTools:
+    """A request's tools as a chat backend sees them, and the way back to the Responses names."""
+
+    tools: list[dict[str, Any]] | None = None
+    origins: dict[str, ToolOrigin] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
+
+    def chat_name(self, name: str, *, custom: bool, namespace: str | None = None) -> str | None:
+        """The chat function for a Responses tool name (plain or namespaced), if there is one."""
+        for chat, origin in self.origins.items():
+            if origin.custom == custom and origin.name == name and namespace in (None, origin.namespace):
+                return chat
+        return name if not custom and name in self.origins else None
+
+
+def validate_tools(tools: list[dict[str, Any]] | None) -> None:
+    """Refuse what no backend could make sense of: an unknown type, a callable tool without a name."""
+    for index, tool in enumerate(tools or ()):
         param = f"tools[{index}]"
-        if tool.get("type") != "function":
+        if not isinstance(tool, dict):
+            raise invalid("invalid_type", f"'{param}' must be an object.", param)
+        kind = tool.get("type")
+        if kind not in TOOL_TYPES:
             raise invalid(
                 "unsupported_tool",
-                f"Tool type {tool.get('type')!r} at '{param}' is not supported by this server; use function tools.",
+                f"Tool type {kind!r} at '{param}' is not a Responses tool type this server knows.",
                 f"{param}.type",
             )
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.name'.", f"{param}.name")
-        function = {
-            "name": name,
-            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        if kind in CALLABLE_TYPES:
+            _require_name(tool, param)
+        if kind == "namespace":
+            members = tool.get("tools")
+            if not isinstance(members, list) or not members:
+                raise invalid("invalid_value", f"'{param}.tools' must be a non-empty array.", f"{param}.tools")
+            for member_index, member in enumerate(members):
+                member_param = f"{param}.tools[{member_index}]"
+                if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):
+                    raise invalid(
+                        "invalid_value", f"'{member_param}' must be a function or custom tool.", f"{member_param}.type"
+                    )
+                _require_name(member, member_param)
+
+
+def chat_tools(tools: list[dict[str, Any]] | None, hosted: HostedPolicy = "drop") -> ChatTools:
+    """Convert validated Responses tools for a chat backend under the deployment's hosted-tool policy."""
+    validate_tools(tools)
+    converted: list[dict[str, Any]] = []
+    origins: dict[str, ToolOrigin] = {}
+    dropped: list[str] = []
+    for index, tool in enumerate(tools or ()):
+        kind = tool["type"]
+        if kind == "namespace":
+            for member in tool["tools"]:
+                origin = ToolOrigin(member["name"], tool["name"], member["type"] == "custom")
+                _add(converted, origins, f"{tool['name']}{NAMESPACE_SEPARATOR}{member['name']}", member, origin)
+        elif kind in ("function", "custom"):
+            _add(converted, origins, tool["name"], tool, ToolOrigin(tool["name"], custom=kind == "custom"))
+        elif hosted == "refuse":
+            raise invalid(
+                "unsupported_tool",
+                f"Tool type {kind!r} at 'tools[{index}]' is a hosted tool this deployment cannot run.",
+                f"tools[{index}].type",
+            )
+        elif kind not in dropped:
+            dropped.append(kind)
+    return ChatTools(converted or None, origins, tuple(dropped))
+
+
+def _add(
+    converted: list[dict[str, Any]], origins: dict[str, ToolOrigin], chat: str, tool: dict[str, Any], origin: ToolOrigin
+) -> None:
+    function: dict[str, Any] = {"name": chat, "parameters": _parameters(tool, origin)}
+    description = tool.get("description") or ""
+    if origin.custom:
+        description = (description + "\n\n" if description else "") + _custom_format_note(tool.get("format"))
+    if description:
+        function["description"] = description
+    if tool.get("strict") is not None and not origin.custom:
+        function["strict"] = tool["strict"]
+    converted.append({"function": function, "type": "function"})
+    origins[chat] = origin
+
+
+def _parameters(tool: dict[str, Any], origin: ToolOrigin) -> dict[str, Any]:
+    if origin.custom:
+        return {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: {"type": "string", "description": "The tool's whole input, as text."}},
+            "required": [CUSTOM_INPUT],
         }
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        converted.append({"function": function, "type": "function"})
-    return converted
+    return tool.get("parameters") or {"type": "object", "properties": {}}
 
 
-def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
-    if choice is None or not tools:
-        return None
+def _custom_format_note(fmt: Any) -> str:
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        return f"Put the whole input in `input`; it must follow this {fmt.get('syntax', '')} grammar:\n{fmt.get('definition', '')}"
+    return "Put the whole input, free-form text, in `input`."
+
+
+def _require_name(tool: dict[str, Any], param: str) -> None:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.name'.", f"{param}.name")
+
+
+def chat_tool_choice(choice: Any, tools: ChatTools) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The tools to send and the chat `tool_choice` for every form of the SDK's `ToolChoice`.
+
+    `allowed_tools` narrows the tools sent (portable, unlike chat's own `allowed_tools`); forcing a
+    hosted tool the backend does not have falls back to `auto`.
+    """
+    if choice is None or not tools.tools:
+        return tools.tools, None
     if choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        names = {tool["function"]["name"] for tool in tools}
-        if choice["name"] not in names:
-            raise invalid("invalid_value", f"tool_choice names unknown function {choice['name']!r}.", "tool_choice")
-        return {"function": {"name": choice["name"]}, "type": "function"}
+        return tools.tools, choice
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom") and isinstance(choice.get("name"), str):
+        chat = tools.chat_name(choice["name"], custom=kind == "custom", namespace=choice.get("namespace"))
+        if chat is None:
+            raise invalid("invalid_value", f"tool_choice names unknown {kind} tool {choice['name']!r}.", "tool_choice")
+        return tools.tools, {"function": {"name": chat}, "type": "function"}
+    if kind == "allowed_tools" and choice.get("mode") in ("auto", "required") and isinstance(choice.get("tools"), list):
+        allowed = {chat for ref in choice["tools"] if isinstance(ref, dict) for chat in _chat_names(ref, tools)}
+        narrowed = [tool for tool in tools.tools if tool["function"]["name"] in allowed]
+        return narrowed or None, choice["mode"] if narrowed else None
+    if kind in HOSTED_TYPES | {"mcp", "programmatic_tool_calling", "computer_use"}:
+        return tools.tools, "auto"
     raise invalid("invalid_value", "Invalid value for 'tool_choice'.", "tool_choice")
+
+
+def _chat_names(ref: dict[str, Any], tools: ChatTools) -> list[str]:
+    kind = ref.get("type")
+    if kind == "namespace":
+        return [chat for chat, origin in tools.origins.items() if origin.namespace == ref.get("name")]
+    if kind in ("function", "custom") and isinstance(ref.get("name"), str):
+        chat = tools.chat_name(ref["name"], custom=kind == "custom", namespace=ref.get("namespace"))
+        return [chat] if chat else []
+    return []
+
+
+async def restore_calls(
+    deltas: AsyncIterator[Delta], tools: ChatTools, max_calls: int | None = None
+) -> AsyncGenerator[Delta, None]:
+    """Backend deltas with each call mapped back to its Responses tool, and at most `max_calls` calls.
+
+    A namespaced function's pieces get the member's name and namespace. A custom tool's call is
+    held until the stream finishes, then yielded whole with its `input` text as the arguments,
+    since its JSON wrapper can only be taken off once complete. Calls past `max_calls` (the
+    request's `max_tool_calls`) are dropped: the shim enforces the limit whatever the backend does.
+    """
+    origins: dict[int, ToolOrigin | None] = {}
+    over_limit: set[int] = set()
+    held: dict[int, list[ToolCallDelta]] = {}
+    async for delta in deltas:
+        if isinstance(delta, Finish):
+            for pieces in held.values():
+                yield _custom_call(pieces, origins)
+            held.clear()
+        if not isinstance(delta, ToolCallDelta):
+            yield delta
+            continue
+        if delta.index not in origins and delta.index not in over_limit:
+            if max_calls is not None and len(origins) >= max_calls:
+                over_limit.add(delta.index)
+            else:
+                origins[delta.index] = tools.origins.get(delta.name or "")
+        if delta.index in over_limit:
+            continue
+        origin = origins[delta.index]
+        if origin is None or (origin.namespace is None and not origin.custom):
+            yield delta
+        elif origin.custom:
+            held.setdefault(delta.index, []).append(delta)
+        else:
+            named = delta.name is not None
+            yield ToolCallDelta(
+                delta.index,
+                delta.arguments,
+                delta.call_id,
+                origin.name if named else None,
+                origin.namespace if named else None,
+            )
+    for pieces in held.values():
+        yield _custom_call(pieces, origins)
+
+
+def _custom_call(pieces: list[ToolCallDelta], origins: dict[int, ToolOrigin | None]) -> ToolCallDelta:
+    first = pieces[0]
+    origin = origins[first.index]
+    assert origin is not None
+    arguments = "".join(piece.arguments for piece in pieces)
+    call_id = next((piece.call_id for piece in pieces if piece.call_id), None)
+    return ToolCallDelta(first.index, custom_input(arguments), call_id, origin.name, origin.namespace, custom=True)
+
+
+def custom_input(arguments: str) -> str:
+    """The text inside a custom tool's `{"input": ...}` arguments (the raw arguments if they are not that)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
+        return parsed[CUSTOM_INPUT]
+    return arguments

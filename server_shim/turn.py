@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from .backends.base import Backend, BackendRequest
 from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
-from .items import Item, normalize_input, resolve_references, validate_items
+from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
 from .postinference import PostInference
 from .render import ChatPrompt, render_items
+from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .state import ConnectionCache, ResponseState, ResponseStore
-from .tools import chat_tool_choice, chat_tools
+from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class _Plan:
     """The prepared turn: validated new items and the request rendered onto the cached prompt."""
 
     new_items: list[Item]
-    tools: list | None
+    tools: ChatTools
+    chat_tools: list | None
     tool_choice: object
     prompt: ChatPrompt
     call_ids: frozenset[str]
@@ -109,12 +111,17 @@ class Turn:
         labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
         new_items = resolve_references(new_items, previous.output_items if previous else [])
         tools = self._chat_tools(previous)
+        sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
+        if tools.dropped:
+            labels[DROPPED_METADATA_KEY] = ",".join(tools.dropped)
+            self._log_dropped(tools.dropped)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
         self._plan = _Plan(
             new_items=new_items,
             tools=tools,
-            tool_choice=chat_tool_choice(self.request.tool_choice, tools),
+            chat_tools=sent_tools,
+            tool_choice=tool_choice,
             prompt=base.extend(render_items(new_items)),
             call_ids=known_calls | introduced,
             cached_prefix_nbytes=base.nbytes,
@@ -143,10 +150,11 @@ class Turn:
                 model=request.model,
                 prompt=plan.prompt,
                 instructions=request.instructions,
-                tools=plan.tools,
+                tools=plan.chat_tools,
                 tool_choice=plan.tool_choice,
                 max_output_tokens=request.max_output_tokens,
-                options=_sampling_options(request),
+                options=chat_options(request),
+                responses_fields=responses_fields(request),
                 cached_prefix_nbytes=plan.cached_prefix_nbytes,
                 deployment=plan.deployment,
                 connection_id=self.connection_id,
@@ -155,7 +163,10 @@ class Turn:
             )
             failure: BackendError | None = None
             try:
-                async with contextlib.aclosing(self.env.backend.stream(backend_request)) as deltas:
+                async with (
+                    contextlib.aclosing(self.env.backend.stream(backend_request)) as raw,
+                    contextlib.aclosing(restore_calls(raw, plan.tools, request.max_tool_calls)) as deltas,
+                ):
                     async for delta in deltas:
                         for event in assembler.feed(delta):
                             yield event
@@ -199,11 +210,21 @@ class Turn:
                 raise previous_response_not_found(previous_id)
         return state
 
-    def _chat_tools(self, previous: ResponseState | None) -> list | None:
+    def _chat_tools(self, previous: ResponseState | None) -> ChatTools:
         tools = self.request.tools or []
         if previous is not None and previous.tools == tools:
             return previous.chat_tools
         return chat_tools(tools)
+
+    def _log_dropped(self, dropped: tuple[str, ...]) -> None:
+        """Hosted tools a chat backend cannot run are dropped: said once per connection, not per turn."""
+        seen = self.cache.notices if self.cache is not None else set()
+        fresh = [kind for kind in dropped if f"dropped:{kind}" not in seen]
+        if fresh:
+            seen.update(f"dropped:{kind}" for kind in fresh)
+            log.info(
+                "connection %s: dropping hosted tools %s, which this backend cannot run", self.connection_id, fresh
+            )
 
     def _fail(self, exc: BackendError, assembler: OutputAssembler, response_id: str, created_at: float) -> list[Event]:
         """A failed turn: close what was open, report `response.failed` then the error; evict its parent."""
@@ -237,7 +258,7 @@ class Turn:
             tools=self.request.tools or [],
             chat_tools=plan.tools,
             prompt=plan.prompt.extend(render_items(output)),
-            call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] == "function_call"},
+            call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] in CALL_TYPES},
             deployment=plan.deployment,
             carry=plan.carry,
             tenant=self.tenant,
@@ -250,13 +271,3 @@ class Turn:
             except APIError as error:  # the store is away: this connection can still continue from its cache
                 log.warning("response %s completed but not stored: %s", state.id, error)
 
-
-def _sampling_options(request: CreateRequest) -> dict:
-    options: dict = {}
-    if request.temperature is not None:
-        options["temperature"] = request.temperature
-    if request.top_p is not None:
-        options["top_p"] = request.top_p
-    if request.parallel_tool_calls is not None and request.tools:
-        options["parallel_tool_calls"] = request.parallel_tool_calls
-    return options

@@ -10,16 +10,18 @@ from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCal
 from server_shim.render import ChatPrompt, render_items
 from server_shim.tools import chat_tools
 
-LOOKUP = chat_tools([{"type": "function", "name": "lookup"}])
+LOOKUP = chat_tools([{"type": "function", "name": "lookup"}]).tools
 
 
-def request(items, *, tools=None, max_output_tokens=None, cached=0) -> BackendRequest:
+def request(items, *, tools=None, max_output_tokens=None, cached=0, tool_choice=None, options=None) -> BackendRequest:
     return BackendRequest(
         model="simulated-1",
         prompt=ChatPrompt().extend(render_items(items)),
         tools=tools,
+        tool_choice=tool_choice,
         max_output_tokens=max_output_tokens,
         cached_prefix_nbytes=cached,
+        options=options or {},
     )
 
 
@@ -89,3 +91,73 @@ async def test_time_to_first_token_and_tokens_per_second_are_honoured():
 async def test_it_names_itself_a_simulator():
     backend = SimulatedBackend(model="simulated-1")
     assert backend.name == "simulated" and await backend.models() == ["simulated-1"]
+
+
+PATCH_AND_AGENTS = chat_tools(
+    [
+        {"type": "custom", "name": "apply_patch"},
+        {
+            "type": "namespace",
+            "name": "agents",
+            "description": "d",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "spawn",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"task": {"type": "string"}, "n": {"type": "integer", "minimum": 3}},
+                        "required": ["task", "n"],
+                    },
+                }
+            ],
+        },
+    ]
+).tools
+
+
+def arguments(deltas):
+    return "".join(d.arguments for d in deltas if isinstance(d, ToolCallDelta))
+
+
+async def test_a_custom_line_calls_the_custom_tool_with_the_rest_of_the_message_as_input():
+    text = "apply this\ncustom apply_patch *** Begin Patch\n*** Add File: a.txt\n*** End Patch"
+    deltas = await collect(SimulatedBackend(), request([user(text)], tools=PATCH_AND_AGENTS))
+    assert deltas[0].name == "apply_patch"
+    assert json.loads(arguments(deltas)) == {"input": "*** Begin Patch\n*** Add File: a.txt\n*** End Patch"}
+
+
+async def test_a_forced_tool_choice_calls_that_tool_with_arguments_valid_for_its_schema():
+    forced = {"type": "function", "function": {"name": "agents__spawn"}}
+    deltas = await collect(SimulatedBackend(), request([user("hi")], tools=PATCH_AND_AGENTS, tool_choice=forced))
+    assert deltas[0].name == "agents__spawn"
+    assert json.loads(arguments(deltas)) == {"task": "simulated", "n": 3}
+    required = await collect(SimulatedBackend(), request([user("hi")], tools=PATCH_AND_AGENTS, tool_choice="required"))
+    assert required[0].name == "apply_patch"
+
+
+async def test_a_json_schema_format_yields_an_instance_of_the_schema():
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "minLength": 12},
+            "when": {"type": "string", "format": "date"},
+            "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 2},
+            "kind": {"anyOf": [{"type": "null"}, {"enum": ["a", "b"]}]},
+            "score": {"type": "number", "minimum": 0.5, "maximum": 0.7},
+        },
+        "required": ["city", "when", "tags", "kind", "score"],
+        "additionalProperties": False,
+        "$defs": {"tag": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}},
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+    deltas = await collect(SimulatedBackend(), request([user("hi")], options={"response_format": fmt}))
+    answer = json.loads("".join(d.text for d in deltas if isinstance(d, TextDelta)))
+    assert answer == {
+        "city": "simulatedxxx",
+        "when": "2026-01-01",
+        "tags": [{"ok": True}, {"ok": True}],
+        "kind": None,
+        "score": 0.5,
+    }
+    assert deltas == await collect(SimulatedBackend(), request([user("hi")], options={"response_format": fmt}))

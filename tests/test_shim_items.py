@@ -111,7 +111,7 @@ def test_a_tool_output_may_answer_a_call_earlier_in_the_same_batch_but_not_a_lat
         ({"type": "function_call_output", "call_id": "c"}, "invalid_type", "input[0].output"),
         ({"type": "item_reference"}, "missing_required_parameter", "input[0].id"),
         ({"content": "x"}, "missing_required_parameter", "input[0]"),
-        ({"type": "computer_call"}, "invalid_value", "input[0]"),
+        ({"type": "teleport"}, "invalid_value", "input[0]"),
     ],
 )
 def test_each_invalid_item_is_refused_with_a_specific_code_and_param(item, code, param):
@@ -141,3 +141,47 @@ def test_an_unknown_reference_is_item_not_found():
     with pytest.raises(APIError) as raised:
         resolve_references([{"type": "message"}, {"type": "item_reference", "id": "msg_x"}], [])
     assert (raised.value.status, raised.value.code, raised.value.param) == (404, "item_not_found", "input[1].id")
+
+
+# Items a real client sends besides messages and function calls, each valid for the SDK's input-item type.
+OTHER_ITEMS = [
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+    {"type": "compaction", "encrypted_content": "opaque"},
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "q"}},
+    {"type": "file_search_call", "id": "fs_1", "queries": ["q"], "status": "completed"},
+    {"type": "image_generation_call", "id": "ig_1", "result": None, "status": "completed"},
+    {
+        "type": "local_shell_call",
+        "id": "ls_1",
+        "call_id": "ls_c",
+        "status": "completed",
+        "action": {"type": "exec", "command": ["ls"], "env": {}},
+    },
+    {"type": "local_shell_call_output", "id": "ls_1", "output": "ok"},
+    {"type": "mcp_list_tools", "id": "ml_1", "server_label": "s", "tools": []},
+    {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "*** Begin Patch"},
+    {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "done"},
+]
+
+
+def test_every_other_input_item_type_of_the_sdk_is_accepted():
+    for item in OTHER_ITEMS:
+        INPUT_ITEM.validate_python(item)
+    assert validate_items([dict(item) for item in OTHER_ITEMS]) == {"ct_1"}
+
+
+def test_a_custom_tool_output_without_its_call_is_refused_like_a_function_output():
+    error = refusal([{"type": "custom_tool_call_output", "call_id": "ct_9", "output": "x"}], {"ct_1"})
+    assert (error.code, error.param) == ("tool_output_without_call", "input[0].call_id")
+    assert validate_items([{"type": "custom_tool_call_output", "call_id": "ct_1", "output": "x"}], {"ct_1"}) == set()
+
+
+def test_a_custom_tool_call_needs_its_input_text():
+    error = refusal([{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch"}])
+    assert (error.code, error.param) == ("missing_required_parameter", "input[0].input")
+
+
+def test_an_item_with_only_an_id_is_a_reference_as_the_sdk_allows():
+    items = [{"id": "msg_1"}]
+    validate_items(items)
+    assert items[0]["type"] == "item_reference"

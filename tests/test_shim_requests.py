@@ -16,11 +16,11 @@ def refused(body, *, websocket=True) -> APIError:
 
 def test_the_event_type_is_dropped_and_unknown_fields_are_tolerated():
     request = parse_create(
-        {"type": "response.create", "model": "m", "input": "hi", "stream": True, "prompt_cache_key": "k"},
+        {"type": "response.create", "model": "m", "input": "hi", "stream": True, "client_metadata": {"k": 1}},
         websocket=True,
     )
     assert request.model == "m" and request.stream is True
-    assert request.model_extra == {"prompt_cache_key": "k"}
+    assert request.model_extra == {"client_metadata": {"k": 1}}
 
 
 def test_store_defaults_to_true_as_in_the_api():

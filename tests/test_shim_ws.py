@@ -363,7 +363,7 @@ BAD_FRAMES = [
         id="unknown-item-reference",
     ),
     pytest.param(
-        {"type": "response.create", "model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]},
+        {"type": "response.create", "model": MODEL, "input": "hi", "tools": [{"type": "teleport"}]},
         "unsupported_tool",
         "tools[0].type",
         id="unsupported-tool",

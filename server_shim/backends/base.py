@@ -22,6 +22,9 @@ class BackendRequest:
     tool_choice: Any = None
     max_output_tokens: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    """Further Chat Completions fields (`request_fields.chat_options`)."""
+    responses_fields: dict[str, Any] = field(default_factory=dict)
+    """The same fields as the client sent them, for a `responses` upstream (`request_fields.responses_fields`)."""
     cached_prefix_nbytes: int = 0
     """Bytes of the history already sent on an earlier turn: the part a prefix cache can reuse."""
     deployment: str | None = None
@@ -61,12 +64,18 @@ class TextDelta:
 
 @dataclass(slots=True, frozen=True)
 class ToolCallDelta:
-    """A piece of one tool call; `call_id` and `name` arrive with the first piece."""
+    """A piece of one tool call; `call_id` and `name` arrive with the first piece.
+
+    `namespace` is set for a member of a namespace tool; `custom` marks a custom tool's call,
+    whose `arguments` are then its free-form input text.
+    """
 
     index: int
     arguments: str = ""
     call_id: str | None = None
     name: str | None = None
+    namespace: str | None = None
+    custom: bool = False
 
 
 @dataclass(slots=True, frozen=True)

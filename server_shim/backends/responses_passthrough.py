@@ -129,7 +129,7 @@ def responses_body(request: BackendRequest, *, previous: str | None = None, webs
     """A `/v1/responses` request for the conversation: whole, or its new items after `previous`."""
     messages = request.prompt.messages[request.prefix_messages :] if previous else request.prompt.messages
     body: dict[str, Any] = {"type": "response.create"} if websocket else {"stream": True}
-    body.update(model=request.model, input=to_items(messages), store=False, **request.options)
+    body.update(model=request.model, input=to_items(messages), **request.responses_fields, store=False)
     if previous:
         body["previous_response_id"] = previous
     if request.instructions:

@@ -2,9 +2,15 @@
 
 Contract (also in the README): it streams a deterministic text reply of
 `max_output_tokens` tokens (default 16); if the newest user message has a line
-`call NAME {json}` and NAME is a function tool of the request, it emits that function
-call with those arguments instead; when the newest input item is a tool output, it
-replies with text that contains that output.
+`call NAME {json}` and NAME is a function tool of the request (a namespace member by
+`namespace__name`), it emits that function call with those arguments instead; a line
+`custom NAME text...` calls the custom tool NAME with everything after the name, the
+following lines included, as its input. When `tool_choice` forces a tool (or is
+`required`) and no directive names one, it calls the forced (or first) tool with the
+simplest arguments its schema accepts. When the newest input item is a tool output, it
+replies with text that contains that output. With `text.format` json_schema it answers
+with one JSON instance of the schema (deterministic, valid against it); with
+json_object, `{}`-shaped JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens
+from .json_instance import json_instance
 
 DEFAULT_TOKENS = 16
 WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ", "token ", "stream ")
@@ -71,6 +78,9 @@ class _Pacer:
 
 
 def _text_pieces(request: BackendRequest) -> list[Delta]:
+    structured = _structured(request.options.get("response_format"))
+    if structured is not None:
+        return [TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8)]
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
     last = request.prompt.messages[-1] if request.prompt.messages else None
     pieces: list[Delta] = []
@@ -80,19 +90,52 @@ def _text_pieces(request: BackendRequest) -> list[Delta]:
     return pieces
 
 
+def _structured(response_format: Any) -> str | None:
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_schema":
+        return json.dumps(json_instance(response_format.get("json_schema", {}).get("schema", {})))
+    if response_format.get("type") == "json_object":
+        return json.dumps({"simulated": True})
+    return None
+
+
 def _requested_call(request: BackendRequest) -> tuple[str, str] | None:
     messages = request.prompt.messages
-    if not messages or messages[-1]["role"] != "user" or not request.tools:
+    if not request.tools:
         return None
-    names = {tool["function"]["name"] for tool in request.tools if tool.get("type") == "function"}
-    for line in _text(messages[-1]["content"]).splitlines():
-        parts = line.strip().split(" ", 2)
-        if len(parts) == 3 and parts[0] == "call" and parts[1] in names:
-            try:
-                arguments = json.loads(parts[2])
-            except json.JSONDecodeError:
-                continue
-            return parts[1], json.dumps(arguments)
+    schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in request.tools}
+    if messages and messages[-1]["role"] == "user":
+        lines = _text(messages[-1]["content"]).splitlines()
+        for index, line in enumerate(lines):
+            call = _directive(line.strip(), lines[index + 1 :], schemas)
+            if call is not None:
+                return call
+    forced = _forced(request.tool_choice, schemas)
+    if forced is None or (messages and messages[-1]["role"] == "tool"):
+        return None
+    return forced, json.dumps(json_instance(schemas[forced] or {"type": "object"}))
+
+
+def _directive(line: str, rest: list[str], schemas: dict[str, Any]) -> tuple[str, str] | None:
+    parts = line.split(" ", 2)
+    if len(parts) < 2 or parts[1] not in schemas:
+        return None
+    if parts[0] == "custom":
+        return parts[1], json.dumps({"input": "\n".join([*parts[2:], *rest])})
+    if parts[0] == "call" and len(parts) == 3:
+        try:
+            return parts[1], json.dumps(json.loads(parts[2]))
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _forced(choice: Any, schemas: dict[str, Any]) -> str | None:
+    if isinstance(choice, dict) and choice.get("function", {}).get("name") in schemas:
+        return choice["function"]["name"]
+    if choice == "required":
+        return next(iter(schemas))
     return None
 
 

@@ -32,6 +32,28 @@ LOOKUP_TOOL = {
     "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
 }
 
+PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Apply a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+}
+"""A custom tool with a grammar, as Codex sends it."""
+AGENTS_TOOL = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "spawn_agent",
+            "parameters": {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]},
+        },
+        {"type": "custom", "name": "note"},
+    ],
+}
+"""A namespace of a function and a custom tool, as Codex sends `multi_agent_v1`."""
+
 
 def strict_ws_event(data: dict[str, Any]) -> Any:
     """Validate one WebSocket event against `ResponsesServerEvent`; return the typed model."""

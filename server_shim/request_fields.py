@@ -1,0 +1,72 @@
+"""Request fields beyond the conversation, in each backend's form.
+
+A `responses` upstream gets every field the client set that the shim does not handle itself,
+untouched. A Chat Completions backend gets the chat equivalents: `text.format` as
+`response_format`, `reasoning.effort` as `reasoning_effort`, `top_logprobs` with `logprobs`,
+and `prompt_cache_key`, `safety_identifier`, `user`, `service_tier` as they are (a deployment
+whose server refuses one lists it in `quirks.drop_params`). `text.verbosity`, `include`,
+`reasoning.summary` and `prompt_cache_retention` have no chat equivalent and are not sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .requests import CreateRequest
+
+SHIM_FIELDS = frozenset(
+    {
+        "type",
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "tools",
+        "tool_choice",
+        "store",
+        "stream",
+        "stream_options",
+        "background",
+        "generate",
+        "stream_id",
+        "max_output_tokens",
+        "metadata",
+        "conversation",
+        "truncation",
+    }
+)
+"""Fields the shim acts on itself or sends in their own place."""
+
+_CHAT_AS_IS = ("temperature", "top_p", "prompt_cache_key", "safety_identifier", "user", "service_tier")
+
+
+def responses_fields(request: CreateRequest) -> dict[str, Any]:
+    """What a `responses` upstream gets beside the conversation: the client's fields, untouched."""
+    return request.model_dump(exclude=set(SHIM_FIELDS), exclude_none=True)
+
+
+def chat_options(request: CreateRequest) -> dict[str, Any]:
+    """The same fields for a Chat Completions backend."""
+    options = {name: getattr(request, name) for name in _CHAT_AS_IS if getattr(request, name) is not None}
+    if request.parallel_tool_calls is not None and request.tools:
+        options["parallel_tool_calls"] = request.parallel_tool_calls
+    response_format = chat_response_format((request.text or {}).get("format"))
+    if response_format is not None:
+        options["response_format"] = response_format
+    effort = (request.reasoning or {}).get("effort")
+    if effort is not None:
+        options["reasoning_effort"] = effort
+    if request.top_logprobs:
+        options["logprobs"] = True
+        options["top_logprobs"] = request.top_logprobs
+    return options
+
+
+def chat_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` (validated by `CreateRequest`) as Chat Completions' `response_format`."""
+    if fmt is None or fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    schema = {key: fmt[key] for key in ("name", "schema", "description", "strict") if fmt.get(key) is not None}
+    return {"type": "json_schema", "json_schema": schema}

@@ -1,0 +1,147 @@
+"""The whole Responses request surface through the official SDK: tools, items, echoed fields, structured output."""
+
+from __future__ import annotations
+
+import json
+
+from openai.types.responses import Response
+from pydantic import BaseModel
+from support.wire import AGENTS_TOOL, MODEL, PATCH_TOOL, RESPONSE, completed_ok, run_turn, user
+
+from server_shim.events import ECHOED_FIELDS
+from server_shim.tools import DROPPED_METADATA_KEY
+
+PATCH = PATCH_TOOL
+AGENTS = AGENTS_TOOL
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}},
+    AGENTS,
+    PATCH,
+    {"type": "web_search", "external_web_access": False},
+    {"type": "tool_search", "execution": "client", "description": "find tools", "parameters": {"type": "object"}},
+]
+PATCH_TEXT = "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch"
+
+
+async def test_codex_tools_are_accepted_and_a_custom_call_round_trips_over_websocket(client, server):
+    async with client.responses.connect() as conn:
+        first = await run_turn(conn, input=f"custom apply_patch {PATCH_TEXT}", tools=CODEX_TOOLS, store=False)
+        completed_ok(first)
+        (call,) = first.response["output"]
+        assert call["type"] == "custom_tool_call" and call["name"] == "apply_patch"
+        assert call["input"] == PATCH_TEXT
+        assert "response.custom_tool_call_input.done" in first.types
+        assert first.response["metadata"][DROPPED_METADATA_KEY] == "web_search,tool_search"
+        assert first.response["tools"] == CODEX_TOOLS
+
+        output = {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Done!"}
+        second = await run_turn(conn, input=[output], tools=CODEX_TOOLS, previous_response_id=first.id, store=False)
+        completed_ok(second)
+        assert "Done!" in second.text
+
+
+async def test_a_namespaced_call_carries_the_members_name_and_namespace(client, server):
+    async with client.responses.connect() as conn:
+        turn = await run_turn(
+            conn, input='call multi_agent_v1__spawn_agent {"task": "x"}', tools=CODEX_TOOLS, store=False
+        )
+    (call,) = turn.response["output"]
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1")
+    assert json.loads(call["arguments"]) == {"task": "x"}
+
+
+async def test_forcing_a_custom_or_namespaced_tool_calls_it(client, server):
+    forced = await client.responses.create(
+        model=MODEL, input="go", tools=CODEX_TOOLS, tool_choice={"type": "custom", "name": "apply_patch"}
+    )
+    assert forced.output[0].type == "custom_tool_call" and forced.output[0].name == "apply_patch"
+    allowed = await client.responses.create(
+        model=MODEL,
+        input="go",
+        tools=CODEX_TOOLS,
+        tool_choice={
+            "type": "allowed_tools",
+            "mode": "required",
+            "tools": [{"type": "namespace", "name": "multi_agent_v1"}],
+        },
+    )
+    assert allowed.output[0].type == "function_call" and allowed.output[0].namespace == "multi_agent_v1"
+    assert allowed.tool_choice.type == "allowed_tools"
+
+
+NON_DEFAULTS = {
+    "instructions": "Be brief.",
+    "max_output_tokens": 5,
+    "max_tool_calls": 3,
+    "metadata": {"team": "a"},
+    "parallel_tool_calls": False,
+    "prompt_cache_key": "conv-1",
+    "prompt_cache_retention": "24h",
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "safety_identifier": "user-hash",
+    "service_tier": "flex",
+    "temperature": 0.5,
+    "text": {"format": {"type": "text"}, "verbosity": "low"},
+    "tool_choice": "none",
+    "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}, "strict": True}],
+    "top_logprobs": 2,
+    "top_p": 0.9,
+    "truncation": "auto",
+    "user": "u-1",
+}
+
+
+async def test_the_response_echoes_every_request_field_the_sdk_response_carries(client, server):
+    response = await client.responses.create(model=MODEL, input="hi", **NON_DEFAULTS)
+    echoed = response.model_dump(exclude_none=True)
+    for name, value in NON_DEFAULTS.items():
+        assert name in ECHOED_FIELDS, name
+        if name == "tools":
+            assert echoed["tools"][0]["name"] == "f" and echoed["tools"][0]["strict"] is True
+        else:
+            assert echoed[name] == value, name
+    unset = set(ECHOED_FIELDS) - set(NON_DEFAULTS) - {"model", "previous_response_id", "background", "store"}
+    assert unset <= {"access_programs", "conversation", "image", "moderation", "prompt", "prompt_cache_options"}, unset
+
+
+async def test_defaults_are_the_apis_defaults_and_parse_strictly(client, server):
+    raw = (await client.responses.with_raw_response.create(model=MODEL, input="hi")).http_response.json()
+    RESPONSE.validate_python(raw)
+    assert Response.model_validate(raw).truncation == "disabled"
+    assert raw["reasoning"] == {"effort": None, "summary": None}
+    assert raw["service_tier"] == "default" and raw["top_logprobs"] == 0
+    assert raw["text"] == {"format": {"type": "text"}, "verbosity": "medium"}
+
+
+class Weather(BaseModel):
+    city: str
+    degrees: int
+    sunny: bool
+
+
+async def test_structured_output_parses_into_the_clients_model(client, server):
+    parsed = await client.responses.parse(model=MODEL, input="weather?", text_format=Weather)
+    assert parsed.output_parsed == Weather(city="simulated", degrees=1, sunny=True)
+    assert parsed.text.format.type == "json_schema"
+
+
+async def test_every_item_type_a_client_replays_is_accepted_and_the_chain_continues(client, server):
+    async with client.responses.connect() as conn:
+        history = [
+            user("hi"),
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+            {
+                "type": "web_search_call",
+                "id": "ws_1",
+                "status": "completed",
+                "action": {"type": "search", "query": "q"},
+            },
+            {"type": "compaction", "encrypted_content": "opaque"},
+            {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": PATCH_TEXT},
+            {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "patched"},
+        ]
+        first = await run_turn(conn, input=history, tools=[PATCH], store=False)
+        completed_ok(first)
+        assert "patched" in first.text
+        second = await run_turn(conn, input=[user("more")], previous_response_id=first.id, store=False)
+        completed_ok(second)
