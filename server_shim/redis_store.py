@@ -19,6 +19,7 @@ import orjson
 from .errors import store_unavailable
 from .render import ChatPrompt
 from .state import ResponseState
+from .tools import chat_tools
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -43,7 +44,6 @@ def encode_state(state: ResponseState) -> bytes:
             "input_items": state.input_items,
             "output_items": state.output_items,
             "tools": state.tools,
-            "chat_tools": state.chat_tools,
             "messages": list(state.prompt.messages),
             "call_ids": sorted(state.call_ids),
             "deployment": state.deployment,
@@ -66,7 +66,7 @@ def decode_state(raw: bytes) -> ResponseState:
         input_items=body["input_items"],
         output_items=body["output_items"],
         tools=body["tools"],
-        chat_tools=body.get("chat_tools"),
+        chat_tools=chat_tools(body["tools"]),
         prompt=ChatPrompt().extend(body["messages"]),
         call_ids=frozenset(body.get("call_ids", ())),
         deployment=body.get("deployment"),

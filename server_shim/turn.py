@@ -270,4 +270,3 @@ class Turn:
                 await self.env.store.save(state)
             except APIError as error:  # the store is away: this connection can still continue from its cache
                 log.warning("response %s completed but not stored: %s", state.id, error)
-

@@ -11,6 +11,7 @@ from support.wire import LOOKUP_TOOL, MODEL, TurnEvents, completed_ok, run_turn,
 from server_shim.redis_store import ENCODING_VERSION, RedisResponseStore, UnreadableEntry, decode_state, encode_state
 from server_shim.render import ChatPrompt, render_items
 from server_shim.state import ResponseState
+from server_shim.tools import chat_tools
 
 
 def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -> ResponseState:
@@ -21,7 +22,7 @@ def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -
         input_items=items,
         output_items=output,
         tools=[LOOKUP_TOOL],
-        chat_tools=[{"type": "function", "function": {"name": "lookup"}}],
+        chat_tools=chat_tools([LOOKUP_TOOL]),
         prompt=ChatPrompt().extend(render_items(items + output)),
         call_ids=frozenset({"call_1"}),
         deployment="simulated",

@@ -8,6 +8,7 @@ from support.wire import API_KEY, completed_ok, only_connection, recv_event, run
 
 from server_shim.render import ChatPrompt, render_items
 from server_shim.state import ConnectionCache, MemoryResponseStore, ResponseState
+from server_shim.tools import ChatTools
 
 
 def state(response_id: str, text: str = "x") -> ResponseState:
@@ -16,7 +17,7 @@ def state(response_id: str, text: str = "x") -> ResponseState:
         input_items=[],
         output_items=[],
         tools=[],
-        chat_tools=None,
+        chat_tools=ChatTools(),
         prompt=ChatPrompt().extend(render_items([user(text)])),
         call_ids=frozenset(),
     )
