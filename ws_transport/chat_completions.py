@@ -1,0 +1,376 @@
+"""Chat Completions requests as Responses requests: parameters, messages, and the chaining rule. No I/O.
+
+Most frameworks call `chat.completions.create` with the whole message list every turn. To ride
+a WebSocket session, a call becomes a `response.create`: its parameters and messages are
+translated here, and `ChatBook` finds the answered turn the messages continue, so only the
+messages after that turn's answer go out, with its `previous_response_id`.
+
+A call is translated only when the translation is faithful; otherwise `Untranslatable` names
+the reason and the call goes over HTTP unchanged. The other direction (Responses output and
+events back to `ChatCompletion` / `ChatCompletionChunk`) is in `chat_replies.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pydantic
+
+Message = Mapping[str, Any]
+
+COPIED = (
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "metadata",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "service_tier",
+    "user",
+)
+"""Parameters with the same name and meaning in both APIs."""
+
+NO_EQUIVALENT = (
+    "audio",
+    "frequency_penalty",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "moderation",
+    "prediction",
+    "presence_penalty",
+    "prompt_cache_options",
+    "seed",
+    "stop",
+    "web_search_options",
+)
+"""Parameters the Responses API lacks (or shapes differently): a call setting one goes over HTTP."""
+
+REQUEST_ONLY = frozenset({"messages", "stream", "stream_options", "extra_headers", "extra_query", "timeout"})
+
+MIN_OUTPUT_TOKENS = 16
+"""The Responses API refuses `max_output_tokens` below this; a smaller chat limit stays on HTTP."""
+
+
+class Untranslatable(ValueError):
+    """This call cannot be sent as a Responses request without changing its meaning; `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """A `chat.completions.create` call translated: Responses fields (no input), and how to answer."""
+
+    fields: dict[str, Any]
+    messages: list[Any]
+    stream: bool
+    include_usage: bool
+
+
+def translate_call(kwargs: Mapping[str, Any]) -> ChatCall:
+    """The Responses request for `chat.completions.create(**kwargs)` (given arguments only); raises `Untranslatable`."""
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    _check_unsupported(given)
+    fields: dict[str, Any] = {k: given[k] for k in COPIED if k in given}
+    fields["store"] = given.get("store") is True  # chat completions are not stored unless asked
+    limit = given.get("max_completion_tokens", given.get("max_tokens"))
+    if limit is not None:
+        if limit < MIN_OUTPUT_TOKENS:
+            raise Untranslatable(f"max_tokens below {MIN_OUTPUT_TOKENS}, the Responses API minimum")
+        fields["max_output_tokens"] = limit
+    if "reasoning_effort" in given:
+        fields["reasoning"] = {"effort": given["reasoning_effort"]}
+    text = _text_config(given)
+    if text:
+        fields["text"] = text
+    if "tools" in given:
+        fields["tools"] = [_tool(t) for t in given["tools"]]
+    if "tool_choice" in given:
+        fields["tool_choice"] = _tool_choice(given["tool_choice"])
+    stream_options = given.get("stream_options") or {}
+    stream = given.get("stream") is True
+    if stream and "include_obfuscation" in stream_options:
+        fields["stream_options"] = {"include_obfuscation": stream_options["include_obfuscation"]}
+    messages = given.get("messages")
+    if not isinstance(messages, list):
+        messages = list(messages or ())
+    return ChatCall(fields, messages, stream, stream and stream_options.get("include_usage") is True)
+
+
+def _check_unsupported(given: Mapping[str, Any]) -> None:
+    for name in NO_EQUIVALENT:
+        if name in given:
+            raise Untranslatable(name)
+    if given.get("n", 1) != 1:
+        raise Untranslatable("n > 1")
+    if given.get("logprobs") or "top_logprobs" in given:
+        raise Untranslatable("logprobs")
+    if any(m != "text" for m in given.get("modalities") or ()):
+        raise Untranslatable("modalities")
+    if given.get("extra_body"):
+        raise Untranslatable("extra_body")
+    unknown = given.keys() - REQUEST_ONLY - {"n", "logprobs", "modalities", "extra_body", "store"}
+    unknown -= {"max_tokens", "max_completion_tokens", "reasoning_effort", "response_format", "verbosity"}
+    unknown -= {"tools", "tool_choice", *COPIED}
+    if unknown:
+        raise Untranslatable(f"unknown parameter {sorted(unknown)[0]}")
+
+
+def _text_config(given: Mapping[str, Any]) -> dict[str, Any]:
+    text: dict[str, Any] = {}
+    response_format = given.get("response_format")
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_schema":
+            schema = response_format.get("json_schema") or {}
+            text["format"] = {"type": "json_schema", **schema}
+        elif kind in ("json_object", "text"):
+            text["format"] = {"type": kind}
+        else:
+            raise Untranslatable(f"response_format {kind}")
+    if "verbosity" in given:
+        text["verbosity"] = given["verbosity"]
+    return text
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    if tool.get("type") != "function":
+        raise Untranslatable(f"{tool.get('type')} tools")
+    function = tool["function"]
+    out: dict[str, Any] = {"type": "function", "name": function["name"]}
+    if function.get("description") is not None:
+        out["description"] = function["description"]
+    out["parameters"] = function.get("parameters")
+    out["strict"] = function.get("strict") is True  # strict by default in Responses, not in chat
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, str):
+        return choice
+    kind = choice.get("type")
+    if kind == "function":
+        return {"type": "function", "name": choice["function"]["name"]}
+    if kind == "allowed_tools":
+        allowed = choice["allowed_tools"]
+        tools = [{"type": "function", "name": t["function"]["name"]} for t in allowed["tools"]]
+        if any(t.get("type") != "function" for t in allowed["tools"]):
+            raise Untranslatable("allowed_tools with non-function tools")
+        return {"type": "allowed_tools", "mode": allowed["mode"], "tools": tools}
+    raise Untranslatable(f"tool_choice {kind}")
+
+
+def as_dict(message: Any) -> dict[str, Any]:
+    """A message as a plain dict: callers often append the SDK's `ChatCompletionMessage` objects as they got them."""
+    if isinstance(message, pydantic.BaseModel):
+        return message.model_dump(mode="json", exclude_none=True)
+    if isinstance(message, Mapping):
+        return dict(message)
+    raise Untranslatable(f"a message of type {type(message).__name__}")
+
+
+def messages_to_items(messages: Iterable[Any]) -> list[dict[str, Any]]:
+    """Responses input items saying what the messages say; raises `Untranslatable` for what they cannot."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        items.extend(message_items(as_dict(message)))
+    return items
+
+
+def message_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    role = message.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise Untranslatable(f"{role} messages")
+    if message.get("name") is not None:
+        raise Untranslatable("message name")
+    if role in ("system", "developer"):
+        return [{"type": "message", "role": role, "content": _plain_content(message.get("content"), "input_text")}]
+    if role == "user":
+        return [{"type": "message", "role": "user", "content": _user_content(message.get("content"))}]
+    if role == "assistant":
+        return _assistant_items(message)
+    output = _text_only(message.get("content"))
+    return [{"type": "function_call_output", "call_id": message["tool_call_id"], "output": output}]
+
+
+def _assistant_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    for unsupported in ("audio", "function_call", "refusal"):
+        if message.get(unsupported):
+            raise Untranslatable(f"assistant {unsupported}")
+    items: list[dict[str, Any]] = []
+    text = _text_only(message.get("content"))
+    if text:
+        items.append({"type": "message", "role": "assistant", "content": text})
+    for call in message.get("tool_calls") or ():
+        if call.get("type", "function") != "function":
+            raise Untranslatable(f"{call.get('type')} tool calls")
+        function = call["function"]
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": function["name"],
+                "arguments": function["arguments"],
+            }
+        )
+    return items
+
+
+def _plain_content(content: Any, part_type: str) -> Any:
+    if isinstance(content, str) or content is None:
+        return content or ""
+    return [{"type": part_type, "text": _part_text(part)} for part in content]
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str) or content is None:
+        return content or ""
+    parts = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "input_text", "text": part["text"]})
+        elif kind == "image_url":
+            image = part["image_url"]
+            parts.append({"type": "input_image", "image_url": image["url"], "detail": image.get("detail") or "auto"})
+        elif kind == "file":
+            parts.append({"type": "input_file", **{k: v for k, v in part["file"].items() if v is not None}})
+        else:
+            raise Untranslatable(f"{kind} content")
+    return parts
+
+
+def _text_only(content: Any) -> str:
+    if isinstance(content, str) or content is None:
+        return content or ""
+    return "".join(_part_text(part) for part in content)
+
+
+def _part_text(part: Any) -> str:
+    if part.get("type") != "text":
+        raise Untranslatable(f"{part.get('type')} content in a text-only message")
+    return str(part["text"])
+
+
+def normalize(message: Any) -> tuple[Any, ...]:
+    """What a message says, independent of how a framework rebuilt it: dict or SDK object, `None` or
+    empty content, tool-call arguments re-serialized with other spacing or key order."""
+    m = as_dict(message)
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = [str(p.get("text")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+        content = "".join(texts) if len(texts) == len(content) else orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+    calls = tuple(
+        (c.get("id"), c["function"]["name"], _canonical_arguments(c["function"]["arguments"]))
+        for c in m.get("tool_calls") or ()
+    )
+    return (m.get("role"), content or "", calls, m.get("tool_call_id"), m.get("name"))
+
+
+def _canonical_arguments(arguments: Any) -> Any:
+    try:
+        return orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONDecodeError, TypeError):
+        return arguments
+
+
+@dataclass(slots=True)
+class ChatTurn:
+    """An answered call: its fields, its messages, the answer the caller got, and the server state it left."""
+
+    fields: dict[str, Any]
+    messages: list[Any]
+    normalized: list[tuple[Any, ...]]
+    answer: tuple[Any, ...]
+    response_id: str
+    link: Any = None
+    """What the transport needs to continue this turn (its chain); opaque here."""
+
+
+@dataclass(slots=True)
+class ChatPlan:
+    """A call split against the answered turns: with `turn`, only `messages[start:]` are new."""
+
+    call: ChatCall
+    turn: ChatTurn | None
+    start: int
+    normalized: list[tuple[Any, ...] | None]
+
+    @property
+    def new_messages(self) -> list[Any]:
+        return self.call.messages[self.start :]
+
+
+@dataclass
+class ChatBook:
+    """Answered chat turns a session can continue, least recently used dropped first; thread-safe.
+
+    The rule: the call's fields equal a turn's, its messages start with that turn's messages
+    followed by that turn's answer (as the caller appended it back), and something follows.
+    """
+
+    capacity: int = 64
+    _turns: OrderedDict[str, ChatTurn] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def plan(self, call: ChatCall) -> ChatPlan:
+        messages = call.messages
+        normalized: list[tuple[Any, ...] | None] = [None] * len(messages)
+        with self._lock:
+            candidates = list(reversed(self._turns.values()))
+        for turn in candidates:
+            start = len(turn.messages) + 1
+            if start < len(messages) and turn.fields == call.fields and self._continues(turn, messages, normalized):
+                with self._lock:
+                    if turn.response_id in self._turns:
+                        self._turns.move_to_end(turn.response_id)
+                return ChatPlan(call, turn, start, normalized)
+        return ChatPlan(call, None, 0, normalized)
+
+    def record(self, plan: ChatPlan, answer: Message, response_id: str, link: Any) -> ChatTurn:
+        """Remember a completed call; it replaces the turn it continued."""
+        messages = plan.call.messages
+        normalized = [n if n is not None else normalize(m) for n, m in zip(plan.normalized, messages, strict=True)]
+        turn = ChatTurn(plan.call.fields, list(messages), normalized, normalize(answer), response_id, link)
+        with self._lock:
+            if plan.turn is not None:
+                self._turns.pop(plan.turn.response_id, None)
+            self._turns[response_id] = turn
+            while len(self._turns) > self.capacity:
+                self._turns.popitem(last=False)
+        return turn
+
+    def forget(self, turn: ChatTurn | None) -> None:
+        if turn is not None:
+            with self._lock:
+                self._turns.pop(turn.response_id, None)
+
+    @staticmethod
+    def _continues(turn: ChatTurn, messages: list[Any], normalized: list[tuple[Any, ...] | None]) -> bool:
+        n = len(turn.messages)
+        if _normalized(messages, n, normalized) != turn.answer:
+            return False
+        for i in range(n - 1, -1, -1):  # newest first: a rewritten history differs near its end
+            if messages[i] is not turn.messages[i] and _normalized(messages, i, normalized) != turn.normalized[i]:
+                return False
+        return True
+
+
+def _normalized(messages: list[Any], index: int, cache: list[tuple[Any, ...] | None]) -> tuple[Any, ...]:
+    value = cache[index]
+    if value is None:
+        value = cache[index] = normalize(messages[index])
+    return value
