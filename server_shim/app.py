@@ -16,7 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from . import http
+from . import http, resources
 from .backends import Backend
 from .config import ShimConfig
 from .errors import APIError
@@ -122,13 +122,17 @@ def create_app(
         WebSocketRoute("/v1/responses", websocket_endpoint),
         Route("/v1/responses", http.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", http.get_response, methods=["GET"]),
+        Route("/v1/responses/input_tokens", resources.count_input_tokens, methods=["POST"]),
+        Route("/v1/responses/compact", resources.compact_response, methods=["POST"]),
         Route("/v1/responses/{response_id}/input_items", http.list_input_items, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", resources.cancel_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", http.delete_response, methods=["DELETE"]),
         Route("/v1/models", http.list_models, methods=["GET"]),
         Route("/healthz", http.healthz, methods=["GET"]),
         Route("/readyz", http.readyz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    errors = {404: resources.http_error, 405: resources.http_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=errors)
     app.state.shim = shim
     keys = load_keys(settings.api_keys, settings.api_keys_file)
     if keys:

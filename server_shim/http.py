@@ -102,7 +102,7 @@ def _sse_error(event: dict[str, Any]) -> dict[str, Any]:
 
 
 async def get_response(request: Request) -> Response:
-    state = await _stored(request)
+    state = await stored_response(request)
     if isinstance(state, APIError):
         return error_response(state)
     return json_response(state.response)
@@ -110,7 +110,7 @@ async def get_response(request: Request) -> Response:
 
 async def list_input_items(request: Request) -> Response:
     """The items the request that created this response added (`limit`, `order`, `after` as OpenAI's)."""
-    state = await _stored(request)
+    state = await stored_response(request)
     if isinstance(state, APIError):
         return error_response(state)
     try:
@@ -132,7 +132,7 @@ async def delete_response(request: Request) -> Response:
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
-async def _stored(request: Request) -> ResponseState | APIError:
+async def stored_response(request: Request) -> ResponseState | APIError:
     """The stored response the path names, if the caller's tenant owns it; otherwise the same 404 as unknown."""
     shim: ShimState = request.app.state.shim
     response_id = request.path_params["response_id"]
@@ -154,7 +154,7 @@ def input_items_page(items: list[Item], query: Mapping[str, str]) -> dict[str, A
         limit = 0
     if not 1 <= limit <= 100:
         raise invalid("invalid_value", "'limit' must be an integer from 1 to 100.", "limit")
-    listed = [item if "id" in item else {"id": f"item_{index}", **item} for index, item in enumerate(items)]
+    listed = [_listed_item(item, index) for index, item in enumerate(items)]
     if order == "desc":
         listed.reverse()
     after = query.get("after")
@@ -169,6 +169,15 @@ def input_items_page(items: list[Item], query: Mapping[str, str]) -> dict[str, A
         "last_id": page[-1]["id"] if page else None,
         "has_more": len(listed) > limit,
     }
+
+
+def _listed_item(item: Item, index: int) -> Item:
+    """An input item as the API lists it: with an id, and a message's text content as parts."""
+    listed = item if "id" in item else {"id": f"item_{index}", **item}
+    if listed.get("type") == "message" and isinstance(listed.get("content"), str):
+        part = "output_text" if listed.get("role") == "assistant" else "input_text"
+        listed = {**listed, "content": [{"type": part, "text": listed["content"]}]}
+    return listed
 
 
 async def list_models(request: Request) -> Response:

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .backends.base import Backend, BackendRequest
+from .compaction import expand_compactions
 from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
@@ -103,7 +104,7 @@ class Turn:
         if not self.env.serves_model(self.request.model):
             raise APIError(404, "model_not_found", f"The model '{self.request.model}' does not exist.", "model")
         previous = await self._resolve_previous()
-        new_items = normalize_input(self.request.input)
+        new_items = expand_compactions(normalize_input(self.request.input))
         known_calls = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
         for validator in self.env.validators:
@@ -132,6 +133,18 @@ class Turn:
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
+
+    @property
+    def prompt(self) -> ChatPrompt:
+        """The conversation as rendered for the backend (after `prepare`)."""
+        assert self._plan is not None, "prepare() first"
+        return self._plan.prompt
+
+    @property
+    def sent_tools(self) -> list | None:
+        """The chat tools the backend gets (after `prepare`)."""
+        assert self._plan is not None, "prepare() first"
+        return self._plan.chat_tools
 
     async def events(self) -> AsyncGenerator[Event, None]:
         await self.prepare()

@@ -91,7 +91,7 @@ async def test_another_tenants_response_answers_as_an_unknown_id_over_http(share
         # the owner still has it, untouched by bob's delete
         assert (await alice.responses.retrieve(stored.id)).id == stored.id
         items = await alice.responses.input_items.list(stored.id)
-        assert [item.content for item in items.data] == ["alice's secret"]
+        assert [item.content[0].text for item in items.data] == ["alice's secret"]
         follow = await alice.responses.create(model=MODEL, input="go on", previous_response_id=stored.id)
         assert follow.status == "completed"
 
@@ -132,11 +132,11 @@ async def test_input_items_pages_newest_first_by_default(shared):
     async with sdk(shared, ALICE_KEY) as alice:
         stored = await alice.responses.create(model=MODEL, input=[user("one"), user("two"), user("three")])
         newest = await alice.responses.input_items.list(stored.id, limit=2)
-        assert [i.content for i in newest.data] == ["three", "two"] and newest.has_more
+        assert [i.content[0].text for i in newest.data] == ["three", "two"] and newest.has_more
         rest = await alice.responses.input_items.list(stored.id, limit=2, after=newest.last_id)
-        assert [i.content for i in rest.data] == ["one"] and not rest.has_more
+        assert [i.content[0].text for i in rest.data] == ["one"] and not rest.has_more
         ascending = await alice.responses.input_items.list(stored.id, order="asc")
-        assert [i.content for i in ascending.data] == ["one", "two", "three"]
+        assert [i.content[0].text for i in ascending.data] == ["one", "two", "three"]
         with pytest.raises(openai.BadRequestError) as bad:
             await alice.responses.input_items.list(stored.id, limit=0)
         assert bad.value.code == "invalid_value"
