@@ -20,6 +20,7 @@ from . import http, resources
 from .backends import Backend
 from .config import ShimConfig
 from .errors import APIError
+from .limits import RequestLimits
 from .postinference import PostInference
 from .router import Router, build_router
 from .settings import Settings
@@ -94,6 +95,7 @@ def create_app(
         validators=[*validators, *_flatten(manager.hook.responses_ws_validators(settings=settings))],
         classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
         post_inference=PostInference([_plugin_sink(manager)]),
+        limits=RequestLimits.from_settings(settings),
     )
     if isinstance(backend, Router):
         env.serves_model = backend.serves_model

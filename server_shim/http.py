@@ -34,7 +34,10 @@ def error_response(error: APIError) -> Response:
 
 async def create_response(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
-    raw = await request.body()
+    try:
+        raw = await _read_body(request, shim.settings.max_body_bytes)
+    except APIError as error:
+        return error_response(error)
     shim.stats.bytes_received += len(raw)
     try:
         body = orjson.loads(raw)
@@ -43,7 +46,7 @@ async def create_response(request: Request) -> Response:
     if not isinstance(body, dict):
         return error_response(invalid("invalid_type", "The request body must be a JSON object."))
     try:
-        create = parse_create(body, websocket=False)
+        create = parse_create(body, websocket=False, limits=shim.env.limits)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
         turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope))
@@ -69,6 +72,25 @@ async def create_response(request: Request) -> Response:
     if turn.result.error is not None:
         return error_response(turn.result.error)
     return json_response(terminal)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed `limit` (by header or while reading)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, "request_too_large", f"The request body exceeds the {limit}-byte limit.")
 
 
 async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:

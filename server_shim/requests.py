@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import APIError, invalid
+from .limits import DEFAULT_LIMITS, RequestLimits, check_body
 
 STREAM_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,256}$")
 
@@ -69,9 +70,10 @@ class CreateRequest(BaseModel):
         return self.store is not False
 
 
-def parse_create(body: dict[str, Any], *, websocket: bool) -> CreateRequest:
-    """Validate a request body; errors carry the offending parameter."""
+def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits = DEFAULT_LIMITS) -> CreateRequest:
+    """Validate a request body against the limits and the schema; errors carry the offending parameter."""
     fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
+    check_body(fields, limits)
     try:
         request = CreateRequest.model_validate(fields)
     except ValidationError as exc:

@@ -12,11 +12,14 @@ import threading
 import orjson
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.supervisors import Multiprocess
+from websockets.frames import Frame, Opcode
 
 from .app import ShimState, create_app
 from .config import ShimConfig
 from .settings import Settings
+from .ws import CLOSE_MESSAGE_TOO_BIG, too_large_error
 
 
 class ShimServer(uvicorn.Server):
@@ -37,12 +40,39 @@ WORKER_ENV = "RESPONSES_WS_WORKER_SETUP"
 """How `serve --workers N` hands the parent's settings and config to each worker process."""
 
 
+class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O WebSocket protocol, but a frame over its size bound gets the error event first.
+
+    The frame parser refuses a frame whose header announces more than `ws_max_size` bytes
+    before reading its payload, and closes with 1009; the app never sees that frame, so the
+    `message_too_large` event (the same one the app sends for frames it refuses) is written here,
+    just ahead of the close frame. Responses in flight on that connection are cut.
+    """
+
+    def handle_parser_exception(self) -> None:
+        sent = self.conn.close_sent
+        if sent is not None and sent.code == CLOSE_MESSAGE_TOO_BIG:
+            limit = getattr(self.config, "max_frame_bytes", self.config.ws_max_size)
+            event = too_large_error(limit).event()
+            self.transport.write(Frame(Opcode.TEXT, orjson.dumps(event)).serialize(mask=False, extensions=[]))
+        super().handle_parser_exception()
+
+
+class ShimUvicornConfig(uvicorn.Config):
+    """uvicorn's config plus the app's frame limit, which the WebSocket protocol names (picklable for workers)."""
+
+    def __init__(self, app: Starlette | str, *, max_frame_bytes: int, **kwargs: object) -> None:
+        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+        self.max_frame_bytes = max_frame_bytes
+
+
 def uvicorn_config(app: Starlette | str, settings: Settings, **kwargs: object) -> uvicorn.Config:
-    return uvicorn.Config(
+    return ShimUvicornConfig(
         app,
+        max_frame_bytes=settings.max_frame_bytes,
         host=settings.host,
         port=settings.port,
-        ws="websockets-sansio",
+        ws=ShimWebSocketProtocol,
         ws_max_size=max(2 * settings.max_frame_bytes, 16 * 1024 * 1024),
         ws_per_message_deflate=False,
         lifespan="on",

@@ -35,6 +35,13 @@ class Settings(BaseSettings):
     default_model: str = "simulated-1"
 
     max_frame_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 64
+    max_input_items: int = 5_000
+    max_item_references: int = 256
+    max_reference_bytes: int = 4 * 1024 * 1024
+    max_tools: int = 128
+    max_tool_schema_depth: int = 32
     connection_max_age_s: float = 3600.0
     max_lanes: int = 32
     max_in_flight: int = 16

@@ -18,6 +18,7 @@ from .compaction import expand_compactions
 from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
+from .limits import DEFAULT_LIMITS, RequestLimits, check_reference_bytes
 from .postinference import PostInference
 from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
@@ -45,6 +46,7 @@ class TurnEnv:
     post_inference: PostInference = field(default_factory=PostInference)
     serves_model: Callable[[str], bool] = field(default=lambda model: True)
     """Whether some backend serves this public model name; checked before anything else."""
+    limits: RequestLimits = DEFAULT_LIMITS
 
 
 @dataclass(slots=True)
@@ -110,7 +112,10 @@ class Turn:
         for validator in self.env.validators:
             validator(new_items, previous, self.request)
         labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
-        new_items = resolve_references(new_items, previous.output_items if previous else [])
+        expanded = resolve_references(new_items, previous.output_items if previous else [])
+        if expanded is not new_items:
+            check_reference_bytes(new_items, expanded, self.env.limits)
+            new_items = expanded
         tools = self._chat_tools(previous)
         sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
         if tools.dropped:

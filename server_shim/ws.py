@@ -88,7 +88,7 @@ class ResponsesConnection:
             size = _nbytes(data)
             self.shim.stats.bytes_received += size
             if size > self.settings.max_frame_bytes:
-                self._start_close(CLOSE_MESSAGE_TOO_BIG, _too_large_error(self.settings.max_frame_bytes))
+                self._start_close(CLOSE_MESSAGE_TOO_BIG, too_large_error(self.settings.max_frame_bytes))
                 continue
             if self.state is ConnectionState.DRAINING:
                 await self.send(_with_lane(self._closing_error.event(), _lane_of(data)))
@@ -101,7 +101,7 @@ class ResponsesConnection:
         try:
             body = _decode(data)
             stream_id = check_stream_id(body.get("stream_id"))
-            request = parse_create(body, websocket=True)
+            request = parse_create(body, websocket=True, limits=self.shim.env.limits)
         except APIError as error:
             request = error  # refused in lane order, after the requests queued before it
         lane = self._lanes.get(stream_id)
@@ -240,7 +240,7 @@ def _age_limit_error() -> APIError:
     )
 
 
-def _too_large_error(limit: int) -> APIError:
+def too_large_error(limit: int) -> APIError:
     return APIError(
         400,
         "message_too_large",

@@ -1,0 +1,125 @@
+"""Request limits: what one request may carry, checked before any of it is acted on.
+
+Each limit is a setting and has its own error code (README, "Limits"), so a client learns
+which bound it crossed. The checks are plain functions over the decoded body: no socket, no
+clock. JSON nesting is bounded well below the depth `orjson` can serialize (about 254), so
+nothing a client sends can make the server fail later while encoding a response or a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import APIError, invalid
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The per-request bounds (defaults as in `Settings`)."""
+
+    max_json_depth: int = 64
+    max_input_items: int = 5_000
+    max_item_references: int = 256
+    max_reference_bytes: int = 4 * 1024 * 1024
+    max_tools: int = 128
+    max_tool_schema_depth: int = 32
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> RequestLimits:
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
+    """Refuse a decoded request body that crosses a limit; the error names the field."""
+    for key, value in body.items():
+        if deeper_than(value, limits.max_json_depth - 1):
+            raise invalid(
+                "invalid_value",
+                f"Invalid value for '{key}': JSON nested deeper than {limits.max_json_depth} levels.",
+                key,
+            )
+    items = body.get("input")
+    if isinstance(items, list):
+        _check_items(items, limits)
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        _check_tools(tools, limits)
+
+
+def _check_items(items: list[Any], limits: RequestLimits) -> None:
+    if len(items) > limits.max_input_items:
+        raise APIError(
+            400,
+            "too_many_input_items",
+            f"'input' has {len(items)} items; at most {limits.max_input_items} are allowed per request.",
+            "input",
+        )
+    references = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "item_reference")
+    if references > limits.max_item_references:
+        raise APIError(
+            400,
+            "too_many_item_references",
+            f"'input' has {references} item references; at most {limits.max_item_references} are allowed.",
+            "input",
+        )
+
+
+def _check_tools(tools: list[Any], limits: RequestLimits) -> None:
+    if len(tools) > limits.max_tools:
+        raise APIError(
+            400, "too_many_tools", f"{len(tools)} tools given; at most {limits.max_tools} are allowed.", "tools"
+        )
+    for index, tool in enumerate(tools):
+        schema = tool.get("parameters") if isinstance(tool, dict) else None
+        if deeper_than(schema, limits.max_tool_schema_depth):
+            raise APIError(
+                400,
+                "tool_schema_too_deep",
+                f"The schema of tools[{index}] nests deeper than {limits.max_tool_schema_depth} levels.",
+                f"tools[{index}].parameters",
+            )
+
+
+def check_reference_bytes(items: list[Any], resolved: list[Any], limits: RequestLimits) -> None:
+    """Item references expand to the items they name; bound what one request can expand to."""
+    sizes: dict[int, int] = {}
+    total = 0
+    for item, target in zip(items, resolved, strict=True):
+        if item is not target:
+            key = id(target)
+            if key not in sizes:
+                sizes[key] = len(orjson.dumps(target))
+            total += sizes[key]
+    if total > limits.max_reference_bytes:
+        raise APIError(
+            400,
+            "item_references_too_large",
+            f"The item references expand to {total} bytes; at most {limits.max_reference_bytes} are allowed.",
+            "input",
+        )
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` arrays/objects deep (a scalar has depth 0).
+
+    Iterative, so a hostile document cannot exhaust the Python stack.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False

@@ -1,0 +1,186 @@
+"""Request limits as plain functions: each bound refused with its own code, nothing else touched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from support.wire import (
+    API_KEY,
+    LOOKUP_TOOL,
+    MODEL,
+    completed_ok,
+    recv_event,
+    run_turn,
+    send_raw,
+    strict_ws_event,
+    ws_url,
+)
+from websockets.asyncio.client import connect as ws_connect
+
+from server_shim.errors import APIError
+from server_shim.limits import DEFAULT_LIMITS, RequestLimits, check_body, check_reference_bytes, deeper_than
+from server_shim.requests import parse_create
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def refused(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS) -> APIError:
+    with pytest.raises(APIError) as caught:
+        check_body(body, limits)
+    return caught.value
+
+
+def test_depth_counts_arrays_and_objects_and_a_scalar_is_depth_zero():
+    assert not deeper_than(1, 0)
+    assert not deeper_than([], 1) and deeper_than([], 0)
+    assert not deeper_than(nested(10), 10) and deeper_than(nested(11), 10)
+    assert deeper_than({"a": 1, "b": [[[1]]]}, 3) and not deeper_than({"a": 1, "b": [[[1]]]}, 4)
+
+
+def test_a_document_deeper_than_python_recursion_is_measured_without_recursion():
+    deep = orjson.loads(b"[" * 1000 + b"]" * 1000)
+    assert deeper_than(deep, 999) and not deeper_than(deep, 1000)
+
+
+@pytest.mark.parametrize("field", ["text", "tool_choice", "metadata", "input"])
+def test_json_nested_past_the_limit_is_invalid_value_naming_the_field(field):
+    error = refused({"model": "m", field: nested(65)})
+    assert (error.status, error.code, error.param) == (400, "invalid_value", field)
+    check_body({"model": "m", field: nested(63)}, RequestLimits())
+
+
+def test_json_the_size_orjson_cannot_serialize_is_refused_before_any_other_check():
+    body = orjson.loads(
+        b'{"model":"m","tools":[{"type":"function","name":"f","parameters":' + b"[" * 300 + b"]" * 300 + b"}]}"
+    )
+    with pytest.raises(APIError) as caught:
+        parse_create(body, websocket=False)
+    assert caught.value.code == "invalid_value" and caught.value.param == "tools"
+
+
+def test_too_many_input_items():
+    limits = RequestLimits(max_input_items=3)
+    error = refused({"input": [{"type": "message", "role": "user", "content": "x"}] * 4}, limits)
+    assert (error.code, error.param) == ("too_many_input_items", "input")
+    check_body({"input": [{"type": "message", "role": "user", "content": "x"}] * 3}, limits)
+
+
+def test_too_many_item_references():
+    limits = RequestLimits(max_item_references=2)
+    error = refused({"input": [{"type": "item_reference", "id": "a"}] * 3}, limits)
+    assert error.code == "too_many_item_references"
+
+
+def test_too_many_tools_and_too_deep_a_tool_schema():
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    assert refused({"tools": [tool] * 3}, RequestLimits(max_tools=2)).code == "too_many_tools"
+    deep = {**tool, "parameters": nested(5)}
+    error = refused({"tools": [tool, deep]}, RequestLimits(max_tool_schema_depth=4))
+    assert (error.code, error.param) == ("tool_schema_too_deep", "tools[1].parameters")
+
+
+def test_references_expanding_past_the_byte_limit_are_refused_and_repeats_count_each_time():
+    target = {"type": "message", "role": "assistant", "content": "x" * 1000, "id": "msg_1"}
+    items = [{"type": "item_reference", "id": "msg_1"}] * 5
+    expanded = 5 * len(orjson.dumps(target))
+    check_reference_bytes(items, [target] * 5, RequestLimits(max_reference_bytes=expanded))
+    with pytest.raises(APIError) as caught:
+        check_reference_bytes(items, [target] * 5, RequestLimits(max_reference_bytes=expanded - 1))
+    assert caught.value.code == "item_references_too_large"
+
+
+def test_limits_come_from_settings():
+    from server_shim import Settings
+
+    limits = RequestLimits.from_settings(Settings(max_tools=7, max_json_depth=9))
+    assert (limits.max_tools, limits.max_json_depth) == (7, 9)
+
+
+# --- over a real server: each limit answered with its code, the connection still usable ----------
+
+
+async def test_deep_json_over_websocket_is_invalid_value_and_the_connection_chains_afterwards(make_server):
+    server = make_server()
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        first = await run_turn(conn, input="remember", store=False)
+        deep = b"[" * 300 + b"]" * 300
+        await send_raw(conn, b'{"type":"response.create","model":"' + MODEL.encode() + b'","text":' + deep + b"}")
+        error = await recv_event(conn)
+        assert error["error"]["code"] == "invalid_value" and error["error"]["param"] == "text"
+        completed_ok(await run_turn(conn, input="and now", previous_response_id=first.id, store=False))
+
+
+async def test_deep_json_over_http_is_a_400_json_error_not_a_500(make_server):
+    server = make_server()
+    tool = b'{"type":"function","name":"f","parameters":' + b"[" * 300 + b"]" * 300 + b"}"
+    body = b'{"model":"' + MODEL.encode() + b'","input":"hi","tools":[' + tool + b"]}"
+    async with httpx2.AsyncClient(base_url=server.base_url) as http:
+        answer = await http.post("/responses", content=body, headers=AUTH)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_value"
+
+
+async def test_an_http_body_over_the_limit_is_413_request_too_large_by_header_and_while_streaming(make_server):
+    server = make_server(max_body_bytes=10_000)
+    body = orjson.dumps({"model": MODEL, "input": "x" * 20_000})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 4096):
+            yield body[start : start + 4096]
+
+    async with httpx2.AsyncClient(base_url=server.base_url) as http:
+        declared = await http.post("/responses", content=body, headers=AUTH)
+        streamed = await http.post("/responses", content=chunks(), headers=AUTH)
+        ok = await http.post("/responses", json={"model": MODEL, "input": "small", "store": False}, headers=AUTH)
+    for answer in (declared, streamed):
+        assert answer.status_code == 413
+        assert answer.json()["error"]["code"] == "request_too_large"
+    assert ok.status_code == 200
+
+
+async def test_a_frame_over_the_protocol_bound_still_gets_message_too_large_before_1009(make_server):
+    server = make_server(max_frame_bytes=1024)  # the protocol refuses frames over 16 MiB unread
+    async with ws_connect(ws_url(server), max_size=None) as ws:
+        sending = asyncio.create_task(ws.send(b"x" * (17 * 1024 * 1024), text=True))
+        error = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        strict_ws_event(error)
+        assert error["error"]["code"] == "message_too_large"
+        assert "1024-byte" in error["error"]["message"]
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        await asyncio.gather(sending, return_exceptions=True)  # the server stopped reading mid-frame
+
+
+async def test_too_many_tools_over_websocket_names_the_limit_and_the_connection_stays_usable(make_server):
+    server = make_server(max_tools=2)
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        turn = await run_turn(conn, input="hi", tools=[LOOKUP_TOOL] * 3, store=False)
+        assert turn.error is not None and turn.error["error"]["code"] == "too_many_tools"
+        completed_ok(await run_turn(conn, input="hi", tools=[LOOKUP_TOOL] * 2, store=False))
+
+
+async def test_item_references_expanding_past_the_limit_are_refused_and_the_chain_continues(make_server):
+    server = make_server(max_reference_bytes=50_000)
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        first = await run_turn(conn, input="y" * 1000, store=False, max_output_tokens=2000)
+        item_id = first.response["output"][0]["id"]
+        refs = [{"type": "item_reference", "id": item_id}] * 200
+        turn = await run_turn(conn, input=refs, previous_response_id=first.id, store=False)
+        assert turn.error is not None and turn.error["error"]["code"] == "item_references_too_large"
+        completed_ok(await run_turn(conn, input=refs[:1], previous_response_id=first.id, store=False))
