@@ -1,7 +1,7 @@
 """Suite `agent-llama`: the tool-calling agent loop against a real inference server.
 
 llama-cpp-python's OpenAI-compatible server runs on loopback with the tiny random-weight model
-the tests generate (`tests/support/tiny_model.py`), behind the shim. Its output is gibberish,
+the tests generate (`benchmarks/tiny_model.py`), behind the shim. Its output is gibberish,
 but real: its tokens are sampled, its tool calls are grammar-constrained to the tool's schema.
 Odd turns force the `lookup` call (a named `tool_choice`, the way llama.cpp calls tools
 reliably), even turns answer the tool's result in text. The same turns run over HTTP with the
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from server_shim import BackgroundServer, Settings, create_app
 from .common import progress, summarize
 from .report import fmt, format_table
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny-llama"
 PAYLOAD_BYTES = 200
 TOOL = {
@@ -108,9 +106,8 @@ def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats
     repeats = repeats or (1 if quick else 3)
     if importlib.util.find_spec("llama_cpp") is None:
         return {"suite": "agent-llama", "status": "unavailable", "reason": "llama-cpp-python is not installed"}
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support.llama_server import LlamaServer
-    from support.tiny_model import write_tiny_model
+    from .llama_server import LlamaServer
+    from .tiny_model import write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "tiny.gguf")

@@ -1,4 +1,4 @@
-"""The responses-ws extension layer (pluggy): hook specs, the manager, first-party plugins."""
+"""The responses-ws integrations: every hook spec (server and client), the plugin manager, framework integrations."""
 
 from __future__ import annotations
 

@@ -1,54 +1,34 @@
-"""The plugin manager: first-party plugins and entry points, registered the same way."""
+"""The plugin manager with every hook, server and client: the server's manager plus the client-side specs."""
 
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
-from typing import Any
+import types
 
 import pluggy
 
+from server_shim.extensions import create_plugin_manager as create_server_manager
+from server_shim.extensions import default_plugin_manager, describe
+
 from . import hookspecs
 
-log = logging.getLogger(__name__)
+CLIENT_SPECS = types.SimpleNamespace(**{name: getattr(hookspecs, name) for name in hookspecs.CLIENT_HOOKS})
+"""The client-side specs alone (the server's are already in every manager it creates)."""
 
-DEFAULT_PLUGINS = ("plugins.builtin.backends", "plugins.builtin.usage_log")
+__all__ = ["create_plugin_manager", "describe", "plugin_manager"]
 
 
 def create_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
-    """A fresh manager: the hook specs, the default plugins, then third-party entry points."""
-    manager = pluggy.PluginManager(hookspecs.PROJECT)
-    manager.add_hookspecs(hookspecs)
-    for name in DEFAULT_PLUGINS:
-        manager.register(importlib.import_module(name), name=name)
-    if load_entry_points:
-        loaded = manager.load_setuptools_entrypoints(hookspecs.PROJECT)
-        if loaded:
-            log.info("loaded %d plugin(s) from entry points", loaded)
-    return manager
+    """A fresh manager: every hook spec, the built-in plugins, then third-party entry points."""
+    return create_server_manager(load_entry_points=load_entry_points, specs=[CLIENT_SPECS])
 
 
 @functools.cache
 def plugin_manager() -> pluggy.PluginManager:
-    """The process-wide manager, created on first use."""
-    return create_plugin_manager()
+    """The process-wide manager: the one `create_app()` uses by default, with the client-side specs added.
 
-
-def describe(manager: pluggy.PluginManager) -> list[dict[str, Any]]:
-    """What `responses-ws plugins` prints: each plugin, where it comes from, and its hooks."""
-    dists = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
-    rows = []
-    for name, plugin in manager.list_name_plugin():
-        if plugin is None:
-            continue
-        dist = dists.get(id(plugin))
-        hooks = sorted(caller.name for caller in manager.get_hookcallers(plugin) or ())
-        rows.append(
-            {
-                "name": name,
-                "source": f"{dist.project_name} {dist.version}" if dist else "builtin",
-                "hooks": hooks,
-            }
-        )
-    return rows
+    Registering a plugin here reaches both the server (apps created afterwards) and `plugins.transport.wrap`.
+    """
+    manager = default_plugin_manager()
+    manager.add_hookspecs(CLIENT_SPECS)
+    return manager

@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from . import http, resources
+from . import extensions, http, resources
 from .backends import Backend
 from .config import ShimConfig
 from .errors import APIError
@@ -78,23 +77,19 @@ def create_app(
 
     Without `backend`, the deployments of `config` (or the one `settings.backend` names) are
     built by the plugins' backend kinds and put behind the router. Validators, classifiers and
-    post-inference sinks come from the arguments plus every registered plugin.
+    post-inference sinks come from the arguments plus every plugin of `plugin_manager` (default:
+    the built-in plugins and the installed entry points, `server_shim.extensions`).
     """
-    from plugins import plugin_manager as default_manager
-
     settings = settings or (config.settings() if config else Settings())
-    manager = plugin_manager or default_manager()
+    manager = plugin_manager or extensions.default_plugin_manager()
     if backend is None:
-        kinds: dict[str, Any] = {}
-        for provided in manager.hook.responses_ws_backend_kinds():
-            kinds.update(provided)
-        backend = build_router(config or ShimConfig.from_settings(settings), kinds)
+        backend = build_router(config or ShimConfig.from_settings(settings), extensions.backend_kinds(manager))
     env = TurnEnv(
         backend=backend,
         store=store or build_store(settings),
-        validators=[*validators, *_flatten(manager.hook.responses_ws_validators(settings=settings))],
-        classifiers=[*classifiers, *_flatten(manager.hook.responses_ws_classifiers(settings=settings))],
-        post_inference=PostInference([_plugin_sink(manager)]),
+        validators=[*validators, *extensions.validators(manager, settings)],
+        classifiers=[*classifiers, *extensions.classifiers(manager, settings)],
+        post_inference=PostInference([extensions.response_sink(manager)]),
         limits=RequestLimits.from_settings(settings),
     )
     if isinstance(backend, Router):
@@ -154,27 +149,6 @@ def build_store(settings: Settings) -> ResponseStore:
         max_entry_bytes=settings.store_max_entry_bytes,
         timeout_s=settings.store_timeout_s,
     )
-
-
-def _flatten(groups: list[list[Any]]) -> list[Any]:
-    return [item for group in groups for item in group]
-
-
-def _plugin_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str], Awaitable[None]]:
-    """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other."""
-    hook = manager.hook.responses_ws_response_finished
-
-    async def sink(response: dict[str, Any], transport: str) -> None:
-        args = {"response": response, "transport": transport}
-        for impl in reversed(hook.get_hookimpls()):
-            try:
-                result = impl.function(*(args[name] for name in impl.argnames))
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("post-inference sink of plugin %s failed for %s", impl.plugin_name, response["id"])
-
-    return sink
 
 
 class BearerAuth:

@@ -56,6 +56,9 @@ def _serve_settings(args: argparse.Namespace) -> tuple[Settings, ShimConfig | No
                 return f"{args.config}: invalid config\n{exc}"
             if config.deployments and args.backend:
                 return "--backend and a config with [[deployments]] both name backends: use one"
+            kind_error = _kind_error(config)
+            if kind_error:
+                return f"{args.config}: invalid config\n{kind_error}"
             settings = config.settings(**overrides)
         else:
             settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -85,6 +88,10 @@ def _check_config(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ValidationError) as exc:
         print(f"{args.file}: invalid config\n{exc}", file=sys.stderr)
         return 2
+    kind_error = _kind_error(config)
+    if kind_error:
+        print(f"{args.file}: invalid config\n{kind_error}", file=sys.stderr)
+        return 2
     print(f"{args.file}: OK, {len(config.deployments)} deployment(s), policy {config.routing.policy}\n")
     rows = [("model", "deployment", "backend model", "why"), *config.routing_table()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -93,32 +100,51 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plugins(args: argparse.Namespace) -> int:
-    from plugins import describe, plugin_manager
+def _kind_error(config: ShimConfig) -> str | None:
+    """Why a deployment cannot be built: its kind no loaded plugin provides, or options its factory refuses."""
+    from .extensions import backend_kinds, default_plugin_manager
+    from .router import factory_for
 
-    for row in describe(plugin_manager()):
+    kinds = backend_kinds(default_plugin_manager())
+    for spec in config.deployments:
+        try:
+            factory_for(spec, kinds)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from .extensions import backend_kinds, default_plugin_manager, describe
+
+    manager = default_plugin_manager()
+    for row in describe(manager):
         print(f"{row['name']}  ({row['source']})")
         for hook in row["hooks"]:
             print(f"    {hook}")
+    print(f"\nbackend kinds: {', '.join(sorted(backend_kinds(manager)))}")
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    """`python -m benchmarks` with the same arguments; the benchmarks live in the source checkout."""
-    try:
-        from benchmarks.cli import main as bench_main
-    except ImportError:
-        from pathlib import Path
+BENCH_HELP = """responses-ws bench runs the benchmarks of a source checkout (they are not part of the installed package):
+    git clone <the responses-ws repository> && cd responses-ws
+    pip install -e '.[dev]'
+    responses-ws bench --quick        # or: python -m benchmarks --quick"""
 
-        root = Path(__file__).resolve().parent.parent
-        if not (root / "benchmarks" / "cli.py").exists():
-            print(
-                "responses-ws bench: the benchmarks are not installed; run it from a source checkout", file=sys.stderr
-            )
-            return 2
-        sys.path.insert(0, str(root))
-        from benchmarks.cli import main as bench_main
-    return bench_main(args.bench_args)
+
+def _bench(args: argparse.Namespace) -> int:
+    """`python -m benchmarks` with the same arguments, in its own process: the server never imports them."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        print(BENCH_HELP, file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return subprocess.call([sys.executable, "-m", "benchmarks", *args.bench_args], env=env)
 
 
 def build_parser() -> argparse.ArgumentParser:

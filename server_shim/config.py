@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .settings import SIMULATED, Settings
 
-DeploymentKind = Literal["openai_compatible", "cerebras", "responses", "simulated"]
+NEEDS_BASE_URL = frozenset({"openai_compatible", "cerebras", "responses"})
+"""Built-in kinds that cannot run without a `base_url`; a plugin's kind checks its own settings."""
 
 
 class Quirks(BaseModel):
@@ -33,7 +34,10 @@ class DeploymentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    kind: DeploymentKind
+    kind: str = Field(
+        min_length=1,
+        description="a backend kind: openai_compatible, cerebras, responses, simulated, or one a plugin provides",
+    )
     base_url: str | None = None
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
     api_key: str | None = Field(default=None, repr=False, description="prefer api_key_env; set by --backend-api-key")
@@ -51,10 +55,13 @@ class DeploymentConfig(BaseModel):
     )
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="settings for the kind's factory, passed to it as keyword arguments"
+    )
 
     @model_validator(mode="after")
     def _needs_url(self) -> DeploymentConfig:
-        if self.kind != "simulated" and not self.base_url:
+        if self.kind in NEEDS_BASE_URL and not self.base_url:
             raise ValueError(f"deployment {self.name!r}: kind {self.kind!r} needs a base_url")
         return self
 

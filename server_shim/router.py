@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 
-from .backends.base import Backend, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
+from .backends.base import Backend, BackendFactory, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
 from .config import DeploymentConfig, RoutingConfig, ShimConfig
 from .errors import BackendError
 
 log = logging.getLogger(__name__)
 
 WILDCARD = "*"
-
-BackendFactory = Callable[[DeploymentConfig], Backend]
 
 
 @dataclass
@@ -269,13 +268,10 @@ def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router
     """One backend per deployment, made by the factory registered for its kind."""
     deployments = []
     for spec in config.deployments:
-        factory = kinds.get(spec.kind)
-        if factory is None:
-            raise ValueError(f"deployment {spec.name!r}: no plugin provides backend kind {spec.kind!r}")
         deployments.append(
             Deployment(
                 name=spec.name,
-                backend=factory(spec),
+                backend=make_backend(spec, kinds),
                 models=dict(spec.models),
                 health=Health(config.routing.failure_threshold, config.routing.cooldown_s, config.routing.ewma_alpha),
                 priority=spec.priority,
@@ -284,3 +280,23 @@ def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router
             )
         )
     return Router(deployments, config.routing)
+
+
+def make_backend(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Backend:
+    """`factory(spec, **spec.options)` for the deployment's kind."""
+    return factory_for(spec, kinds)(spec, **spec.options)
+
+
+def factory_for(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> BackendFactory:
+    """The factory of the deployment's kind; a `ValueError` naming the deployment when no plugin
+    provides the kind or its factory does not take the deployment's options."""
+    factory = kinds.get(spec.kind)
+    if factory is None:
+        raise ValueError(
+            f"deployment {spec.name!r}: no plugin provides backend kind {spec.kind!r} (known: {', '.join(sorted(kinds))})"
+        )
+    try:
+        inspect.signature(factory).bind(spec, **spec.options)
+    except TypeError as exc:
+        raise ValueError(f"deployment {spec.name!r}: kind {spec.kind!r} does not take these options: {exc}") from None
+    return factory

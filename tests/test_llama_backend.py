@@ -1,7 +1,7 @@
 """The shim in front of a real inference server: llama-cpp-python's OpenAI-compatible server.
 
 The server runs on loopback with a tiny random-weight model the suite writes itself
-(`support/tiny_model.py`): its replies are gibberish, the same ~19 tokens for every prompt,
+(`benchmarks/tiny_model.py`): its replies are gibberish, the same ~19 tokens for every prompt,
 and end with a stop. Everything goes through the official `openai` SDK, over WebSocket
 mode and over HTTP. These tests skip only where `llama_cpp` is not installed; `.ci/run`
 installs it (the `llama` extra), so in CI they run.
@@ -48,8 +48,8 @@ if importlib.util.find_spec("llama_cpp") is None:
         allow_module_level=True,
     )
 
-from support.llama_server import LlamaServer  # noqa: E402
-from support.tiny_model import write_tiny_model  # noqa: E402
+from benchmarks.llama_server import LlamaServer  # noqa: E402
+from benchmarks.tiny_model import write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -4,45 +4,45 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.plugin_dist import write_plugin_dist
 
 from plugins import create_plugin_manager, describe, hookimpl
 
 
 @pytest.fixture
-def third_party_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def third_party_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A tiny installed distribution that registers a plugin through the `responses_ws` entry-point group."""
-    (tmp_path / "tiny_plugin.py").write_text(
-        textwrap.dedent(
-            """
-            from plugins import hookimpl
+    write_plugin_dist(
+        tmp_path,
+        "tiny_plugin",
+        """
+        from plugins import hookimpl
 
-            CALLS = []
+        CALLS = []
 
-            @hookimpl
-            def responses_ws_validators(settings):
-                def no_shouting(new_items, previous, request):
-                    CALLS.append(len(new_items))
-                return [no_shouting]
-            """
-        )
+        @hookimpl
+        def responses_ws_validators(settings):
+            def no_shouting(new_items, previous, request):
+                CALLS.append(len(new_items))
+            return [no_shouting]
+        """,
+        dist="tiny-plugin",
     )
-    dist = tmp_path / "tiny_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[responses_ws]\ntiny = tiny_plugin\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    yield tmp_path
+    sys.modules.pop("tiny_plugin", None)
 
 
 def test_default_plugins_are_registered_like_any_other():
     manager = create_plugin_manager(load_entry_points=False)
     rows = {row["name"]: row for row in describe(manager)}
-    assert rows["plugins.builtin.usage_log"]["hooks"] == ["responses_ws_response_finished"]
-    assert rows["plugins.builtin.usage_log"]["source"] == "builtin"
+    assert rows["server_shim.usage_log"]["hooks"] == ["responses_ws_response_finished"]
+    assert rows["server_shim.usage_log"]["source"] == "builtin"
+    assert rows["server_shim.backends.kinds"]["hooks"] == ["responses_ws_backend_kinds"]
 
 
 def test_entry_point_plugin_is_loaded_and_its_hook_called(third_party_plugin: Path):
@@ -79,6 +79,6 @@ def test_cli_lists_plugins(third_party_plugin: Path):
         env={"PYTHONPATH": str(third_party_plugin), "PATH": "/usr/bin:/bin"},
         check=True,
     )
-    assert "plugins.builtin.usage_log  (builtin)" in result.stdout
+    assert "server_shim.usage_log  (builtin)" in result.stdout
     assert "tiny  (tiny-plugin 1.0)" in result.stdout
     assert "responses_ws_validators" in result.stdout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,6 +114,14 @@ class Backend(Protocol):
     async def release(self, connection_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+BackendFactory = Callable[..., Backend]
+"""What a backend kind provides: `factory(deployment: DeploymentConfig, **options) -> Backend`.
+
+Called once per deployment of its kind when the server starts; `options` is the deployment's
+`[deployments.options]` table.
+"""
 
 
 def estimate_tokens(nbytes: int) -> int:

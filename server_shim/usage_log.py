@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..hookspecs import hookimpl
+from .hookspecs import hookimpl
 
 log = logging.getLogger("responses_ws.usage")
 

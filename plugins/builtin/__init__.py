@@ -1,1 +1,0 @@
-"""First-party plugins, registered exactly like third-party ones."""

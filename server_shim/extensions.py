@@ -1,0 +1,118 @@
+"""The server's plugin manager: built-in plugins and entry points, registered the same way.
+
+The server reaches its hooks through this module only, so it runs without the `plugins`
+package (the integrations layer). `plugins.create_plugin_manager()` builds on this one and adds
+the client-side hook specs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .backends.base import BackendFactory
+from .turn import Classifier, Validator
+
+log = logging.getLogger(__name__)
+
+BUILTIN_PLUGINS = ("server_shim.backends.kinds", "server_shim.usage_log")
+"""Registered before the entry points, in this order, under these names."""
+
+
+def create_plugin_manager(
+    *, load_entry_points: bool = True, specs: Iterable[ModuleType | type] = ()
+) -> pluggy.PluginManager:
+    """A fresh manager: the server's hook specs plus `specs`, the built-in plugins, then entry points.
+
+    Entry-point plugins come from the `responses_ws` group of every installed distribution.
+    """
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    for extra in specs:
+        manager.add_hookspecs(extra)
+    for name in BUILTIN_PLUGINS:
+        manager.register(importlib.import_module(name), name=name)
+    if load_entry_points:
+        loaded = manager.load_setuptools_entrypoints(hookspecs.PROJECT)
+        if loaded:
+            log.info("loaded %d plugin(s) from entry points", loaded)
+    return manager
+
+
+@functools.cache
+def default_plugin_manager() -> pluggy.PluginManager:
+    """The server's process-wide manager, created on first use (what `create_app()` uses by default)."""
+    return create_plugin_manager()
+
+
+def backend_kinds(manager: pluggy.PluginManager) -> dict[str, BackendFactory]:
+    """Every plugin's kinds merged; on a duplicate kind the implementation pluggy calls first wins.
+
+    `get_hookimpls()` lists implementations in reverse call order, so merging in list order
+    leaves the first-called one in place: the later-registered plugin, or a `tryfirst` one.
+    """
+    kinds: dict[str, BackendFactory] = {}
+    owners: dict[str, str] = {}
+    for impl in manager.hook.responses_ws_backend_kinds.get_hookimpls():
+        for kind, factory in (impl.function() or {}).items():
+            if kind in owners:
+                log.info("backend kind %r of plugin %s replaces that of %s", kind, impl.plugin_name, owners[kind])
+            kinds[kind] = factory
+            owners[kind] = impl.plugin_name
+    return kinds
+
+
+def validators(manager: pluggy.PluginManager, settings: Any) -> list[Validator]:
+    return _flatten(manager.hook.responses_ws_validators(settings=settings))
+
+
+def classifiers(manager: pluggy.PluginManager, settings: Any) -> list[Classifier]:
+    return _flatten(manager.hook.responses_ws_classifiers(settings=settings))
+
+
+def _flatten(groups: list[list[Any]]) -> list[Any]:
+    return [item for group in groups for item in group or ()]
+
+
+def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str], Awaitable[None]]:
+    """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other."""
+    hook = manager.hook.responses_ws_response_finished
+
+    async def sink(response: dict[str, Any], transport: str) -> None:
+        args = {"response": response, "transport": transport}
+        for impl in reversed(hook.get_hookimpls()):
+            try:
+                result = impl.function(*(args[name] for name in impl.argnames))
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("post-inference sink of plugin %s failed for %s", impl.plugin_name, response["id"])
+
+    return sink
+
+
+def describe(manager: pluggy.PluginManager) -> list[dict[str, Any]]:
+    """What `responses-ws plugins` prints: each plugin, where it comes from, and its hooks."""
+    dists = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
+    rows = []
+    for name, plugin in manager.list_name_plugin():
+        if plugin is None:
+            continue
+        dist = dists.get(id(plugin))
+        hooks = sorted(caller.name for caller in manager.get_hookcallers(plugin) or ())
+        rows.append(
+            {
+                "name": name,
+                "source": f"{dist.project_name} {dist.version}" if dist else "builtin",
+                "hooks": hooks,
+            }
+        )
+    return rows

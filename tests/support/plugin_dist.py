@@ -1,0 +1,22 @@
+"""A third-party plugin as its own installed distribution: a module plus a `.dist-info` with entry points.
+
+Written into a folder that a test puts on `sys.path` (or `PYTHONPATH` of a subprocess): exactly what
+`pip install` leaves in site-packages, found by `importlib.metadata` like any installed package,
+with no network and no build.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+
+def write_plugin_dist(root: Path, module: str, source: str, *, dist: str, version: str = "1.0") -> Path:
+    """Install `module` (its `source`) as distribution `dist`, registered as entry point `module` of `responses_ws`."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[responses_ws]\n{module} = {module}\n")
+    (info / "RECORD").write_text(f"{module}.py,,\n{info.name}/METADATA,,\n{info.name}/entry_points.txt,,\n")
+    return root
