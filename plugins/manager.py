@@ -12,8 +12,8 @@ from server_shim.extensions import default_plugin_manager, describe
 
 from . import hookspecs
 
-CLIENT_SPECS = types.SimpleNamespace(**{name: getattr(hookspecs, name) for name in hookspecs.CLIENT_HOOKS})
-"""The client-side specs alone (the server's are already in every manager it creates)."""
+CLIENT_SPECS = types.ModuleType(__name__ + ".client_specs", "The client-side specs alone (the server adds its own).")
+CLIENT_SPECS.__dict__.update({name: getattr(hookspecs, name) for name in hookspecs.CLIENT_HOOKS})
 
 __all__ = ["create_plugin_manager", "describe", "plugin_manager"]
 

@@ -13,7 +13,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -62,7 +62,8 @@ def backend_kinds(manager: pluggy.PluginManager) -> dict[str, BackendFactory]:
     kinds: dict[str, BackendFactory] = {}
     owners: dict[str, str] = {}
     for impl in manager.hook.responses_ws_backend_kinds.get_hookimpls():
-        for kind, factory in (impl.function() or {}).items():
+        provided = cast("dict[str, BackendFactory]", impl.function() or {})
+        for kind, factory in provided.items():
             if kind in owners:
                 log.info("backend kind %r of plugin %s replaces that of %s", kind, impl.plugin_name, owners[kind])
             kinds[kind] = factory

@@ -107,7 +107,7 @@ def test_the_server_serves_a_turn_with_the_integrations_refused() -> None:
 def test_a_users_own_plugins_folder_does_not_break_the_server(tmp_path: Path) -> None:
     """A project with its own `plugins/` package on sys.path: the server never looks there."""
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "__init__.py").write_text("NAME = 'the user's own plugins package'\n")
+    (tmp_path / "plugins" / "__init__.py").write_text("NAME = 'a project of its own'\n")
     result = run_blocked(
         "import plugins\nassert plugins.NAME\n" + SERVE_ONE_TURN, {"benchmarks", "tests"}, extra_path=tmp_path
     )

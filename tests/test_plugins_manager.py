@@ -31,6 +31,7 @@ def third_party_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
             return [no_shouting]
         """,
         dist="tiny-plugin",
+        entry_point="tiny",
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path

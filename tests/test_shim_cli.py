@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -114,3 +118,24 @@ def test_serve_refuses_a_bad_store_or_bad_keys_before_binding(flags, message):
     result = run("serve", "--port", str(closed_port()), *flags)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_bench_outside_a_source_checkout_says_what_to_install(tmp_path):
+    """An installed package has no benchmarks/ next to it: bench explains, exit status 2."""
+    shutil.copytree(Path(__file__).resolve().parent.parent / "server_shim", tmp_path / "server_shim")
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from server_shim.cli import main; sys.exit(main(['bench', '--quick']))"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]},
+    )
+    assert result.returncode == 2
+    assert "not part of the installed package" in result.stderr and "pip install -e '.[dev]'" in result.stderr
+
+
+def test_bench_runs_the_checkouts_benchmarks_in_their_own_process():
+    result = run("bench", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "python -m benchmarks" in result.stdout

@@ -7,16 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from support.chat_server import closed_port
 from support.plugin_dist import write_plugin_dist
+from support.serve import SCRIPT, ServeProcess, stop_cleanly, wait_healthy
 from support.wire import completed_ok, run_turn
 
 from server_shim import BackgroundServer, ShimConfig, TextDelta, create_app, hookimpl
@@ -118,8 +119,9 @@ def test_an_installed_plugins_kind_serves_turns_from_a_config_file(echo_dist: Pa
         response = client.responses.create(model="team", input="hi", store=False)
         assert response.output_text == "hello from echo-model"
         assert response.metadata == {"classifier.items": "1"}
-        with pytest.raises(Exception, match="secret_in_input"):
+        with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(model="team", input="a SECRET", store=False)
+        assert refused.value.code == "secret_in_input"
         assert [m.id for m in client.models.list()] == ["team"]
     assert (response.id, "http") in echo_kind.FINISHED
 
@@ -128,58 +130,37 @@ async def test_the_plugins_kind_serves_over_websocket_and_chains(echo_dist: Path
     config = ShimConfig.load(config_file)
     app = create_app(config=config, plugin_manager=create_plugin_manager())
     with BackgroundServer(app, config.settings(drain_timeout_s=1.0)) as server:
-        async with AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0) as sdk:
-            async with sdk.responses.connect() as conn:
-                first = await run_turn(conn, model="team", input="one", store=False)
-                completed_ok(first)
-                refused = await run_turn(conn, model="team", input="SECRET", previous_response_id=first.id, store=False)
-                assert refused.error is not None and refused.error["error"]["code"] == "secret_in_input"
-                second = await run_turn(conn, model="team", input="two", previous_response_id=first.id, store=False)
-                completed_ok(second)
+        async with (
+            AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0) as sdk,
+            sdk.responses.connect() as conn,
+        ):
+            first = await run_turn(conn, model="team", input="one", store=False)
+            completed_ok(first)
+            refused = await run_turn(conn, model="team", input="SECRET", previous_response_id=first.id, store=False)
+            assert refused.error is not None and refused.error["error"]["code"] == "secret_in_input"
+            second = await run_turn(conn, model="team", input="two", previous_response_id=first.id, store=False)
+            completed_ok(second)
     assert second.text == "hello from echo-model"
     assert second.response["metadata"] == {"classifier.items": "1"}, "the classifier saw only the new item"
 
 
-def serve(config: Path, port: int, pythonpath: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}
-    env["PYTHONPATH"] = str(pythonpath)
-    script = Path(sys.executable).with_name("responses-ws")
-    return subprocess.Popen(
-        [str(script), "--log-level", "WARNING", "serve", "--config", str(config), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-
-
-def test_responses_ws_serve_loads_the_kind_from_the_installed_plugin(echo_dist: Path, config_file: Path) -> None:
+def test_responses_ws_serve_loads_the_kind_from_the_installed_plugin(
+    echo_dist: Path, config_file: Path, serve_process: ServeProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(echo_dist))
     port = closed_port()
-    process = serve(config_file, port, echo_dist)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                reply = httpx2.post(
-                    f"http://127.0.0.1:{port}/v1/responses", json={"model": "team", "input": "hi"}, timeout=2
-                )
-                break
-            except httpx2.TransportError:
-                assert time.monotonic() < deadline, "serve did not come up"
-                time.sleep(0.05)
-        assert reply.status_code == 200
-        assert reply.json()["output"][0]["content"][0]["text"] == "hello from echo-model"
-    finally:
-        process.terminate()
-        process.wait(15)
+    process = serve_process("--config", str(config_file), "--port", str(port))
+    wait_healthy(port, process)
+    reply = httpx2.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "team", "input": "hi"}, timeout=5)
+    assert reply.status_code == 200
+    assert reply.json()["output"][0]["content"][0]["text"] == "hello from echo-model"
+    stop_cleanly(process)
 
 
 def check_config(config: Path, pythonpath: Path | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}
     env["PYTHONPATH"] = str(pythonpath or "")
-    script = Path(sys.executable).with_name("responses-ws")
-    return subprocess.run([str(script), "check-config", str(config)], capture_output=True, text=True, env=env)
+    return subprocess.run([str(SCRIPT), "check-config", str(config)], capture_output=True, text=True, env=env)
 
 
 def test_check_config_knows_the_installed_kinds(echo_dist: Path, config_file: Path, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is not installed: pip install -e '.[dev,llama]'", allow_module_level=True)
 
 from support.cassettes import replay  # noqa: E402
+
 from benchmarks.llama_server import LlamaServer  # noqa: E402
 from benchmarks.tiny_model import write_tiny_model  # noqa: E402
 
