@@ -134,6 +134,25 @@ def test_same_item_rejects_different_ids_without_a_deep_compare() -> None:
     assert same_item(user("x"), {"type": "message", "role": "user", "content": "x"})
 
 
+def test_output_replayed_in_a_frameworks_own_shape_is_the_same_item() -> None:
+    """pydantic-ai and others replay a call without id/status and with re-serialized arguments,
+    and an answer as a plain string: the same items as the server's output."""
+    server_call = {
+        "id": "fc_1",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "c1",
+        "name": "lookup",
+        "arguments": '{"n": 3, "x": [1]}',
+    }
+    replayed_call = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"x":[1],"n":3}'}
+    assert same_item(replayed_call, server_call)
+    assert same_item({"role": "assistant", "content": "It is 3."}, output_message("It is 3."))
+    assert not same_item({**replayed_call, "arguments": '{"n":4,"x":[1]}'}, server_call)
+    assert not same_item({"role": "assistant", "content": "It is 4."}, output_message("It is 3."))
+    assert not same_item({"role": "user", "content": "It is 3."}, output_message("It is 3."))
+
+
 def test_starts_with_needs_a_non_empty_matching_prefix() -> None:
     items = [user("a"), user("b")]
     assert starts_with(items, [user("a")])

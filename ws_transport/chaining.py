@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pydantic
 
 Params = dict[str, Any]
@@ -164,7 +165,42 @@ def same_item(a: Any, b: Any) -> bool:
         return False
     if type(a) is dict and type(b) is dict and a == b:
         return True
-    return canonical(a) == canonical(b)
+    json_a, json_b = canonical(a), canonical(b)
+    return json_a == json_b or meaning(json_a) == meaning(json_b)
+
+
+SERVER_ONLY_FIELDS = frozenset({"id", "status"})
+TEXT_PARTS = frozenset({"input_text", "output_text"})
+
+
+def meaning(item: Any) -> Any:
+    """What a canonical item says to the model, without what only the server's copy carries.
+
+    Frameworks replay the output they got in their own shape (pydantic-ai, LlamaIndex): a
+    function call without its `id` and `status`, an assistant message as a plain string instead
+    of `output_text` parts with empty `annotations`, arguments re-serialized. Such an item is the same item.
+    """
+    if not isinstance(item, dict):
+        return item
+    if item.get("type") == "message":
+        content = item.get("content")
+        if isinstance(content, list):
+            if all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in content):
+                content = "".join(str(p.get("text", "")) for p in content)
+            else:
+                content = [{k: v for k, v in p.items() if v != []} if isinstance(p, dict) else p for p in content]
+        return ("message", item.get("role"), content)
+    said = {k: v for k, v in item.items() if k not in SERVER_ONLY_FIELDS}
+    if item.get("type") == "function_call" and isinstance(said.get("arguments"), str):
+        said["arguments"] = _parsed(said["arguments"])  # re-serialized with other spacing or key order
+    return said
+
+
+def _parsed(text: str) -> Any:
+    try:
+        return ("json", orjson.loads(text))
+    except orjson.JSONDecodeError:
+        return text
 
 
 def dump_model(model: pydantic.BaseModel) -> dict[str, Any]:
