@@ -159,7 +159,7 @@ async def test_async_close_leaves_no_task_behind(server: BackgroundServer) -> No
     async with ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
         await client.responses.create(model=MODEL, input="hello")
         session = ws_transport.session_of(client)
-        readers = [conn.reader for conn in session._connections]
+        readers = [conn.reader for conn in session.connections]
     assert readers and all(task.done() for task in readers)
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("ws_transport")]
 
@@ -220,11 +220,20 @@ def test_a_closed_sync_client_refuses_turns_as_plain_http_does(server: Backgroun
     assert {t.name for t in threading.enumerate()} == before
 
 
+async def test_a_turn_on_a_closed_session_raises_session_closed(server: BackgroundServer) -> None:
+    async with ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
+        await client.responses.create(model=MODEL, input="hello")
+        await ws_transport.session_of(client).aclose()
+        with pytest.raises(ws_transport.SessionClosed) as caught:
+            await client.responses.create(model=MODEL, input="after close")
+    assert isinstance(caught.value, openai.OpenAIError) and isinstance(caught.value, RuntimeError)
+
+
 def test_a_stopped_portal_starts_no_new_loop_thread() -> None:
     portal = Portal("test-portal")
     assert portal.call(asyncio.sleep(0, result=1)) == 1
     portal.stop()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ws_transport.SessionClosed, match="closed"):
         portal.call(asyncio.sleep(0))
     assert not portal.running
     assert "test-portal" not in {t.name for t in threading.enumerate()}

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 
-from ws_transport.chaining import ChainBook, same_item, should_resend, starts_with
+from ws_transport.chaining import ChainBook, same_item, starts_with
 from ws_transport.turn import TurnRequest, _splice
 
 TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
@@ -158,15 +158,6 @@ def test_starts_with_needs_a_non_empty_matching_prefix() -> None:
     assert starts_with(items, [user("a")])
     assert not starts_with(items, [])
     assert not starts_with(items, [user("b")])
-
-
-def test_resend_rule_only_for_lost_chains_and_retired_sockets() -> None:
-    assert should_resend("previous_response_not_found", chained=True)
-    assert not should_resend("previous_response_not_found", chained=False)
-    assert should_resend("websocket_connection_limit_reached", chained=False)
-    assert should_resend("server_shutting_down", chained=False)
-    assert not should_resend("invalid_value", chained=True)
-    assert not should_resend(None, chained=True)
 
 
 def test_chained_frame_carries_only_new_items_and_the_lane() -> None:

@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
+from support.clock import FakeClock
 from websockets.asyncio.server import ServerConnection, serve
 
 import ws_transport
@@ -322,10 +322,11 @@ async def test_client_reconnects_before_the_connection_age_limit(
 ) -> None:
     server, _ = shim
     extra = {} if store is None else {"store": store}
-    async with async_client(server, max_connection_age_s=0.1) as client:
+    clock = FakeClock()
+    async with async_client(server, max_connection_age_s=60, clock=clock) as client:
         history: list[Any] = [user("hello")]
         history += (await client.responses.create(model=MODEL, input=history, **extra)).output
-        await asyncio.sleep(0.15)
+        clock.advance(61)
         history.append(user("later"))
         assert (await client.responses.create(model=MODEL, input=history, **extra)).status == "completed"
         stats = ws_transport.session_of(client).stats
@@ -408,14 +409,15 @@ async def test_cancelled_stream_leaves_the_session_usable(start: Start) -> None:
         response = await client.responses.create(model=MODEL, input="hello", max_output_tokens=4)
         assert response.status == "completed"
         session = ws_transport.session_of(client)
-        assert all(not conn.lanes for conn in session._connections)
+        assert all(not conn.lanes for conn in session.connections)
 
 
 async def test_cancelled_task_leaves_the_session_usable(start: Start) -> None:
     server, _ = start(simulated_tokens_per_s=200.0)
-    async with async_client(server) as client:
+    streaming = asyncio.Event()
+    async with async_client(server, on_event=lambda event: streaming.set()) as client:
         task = asyncio.create_task(client.responses.create(model=MODEL, input="hello", max_output_tokens=100))
-        await asyncio.sleep(0.1)
+        await streaming.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -467,19 +469,21 @@ def test_closing_a_sync_stream_from_another_thread_stops_its_reader_as_over_http
     with client:
         stream = client.responses.create(model=MODEL, input="a long answer", stream=True, max_output_tokens=200)
         outcome: list[BaseException | int] = []
+        reading = threading.Event()
 
         def read() -> None:
             seen = 0
             try:
                 for _ in stream:
                     seen += 1
+                    reading.set()
                 outcome.append(seen)
             except BaseException as exc:
                 outcome.append(exc)
 
         reader = threading.Thread(target=read)
         reader.start()
-        time.sleep(0.3)
+        assert reading.wait(10)
         stream.close()
         reader.join(10)
         assert not reader.is_alive()

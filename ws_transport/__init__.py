@@ -8,11 +8,14 @@
 WebSocket session and send `previous_response_id` plus only the new items whenever the history
 allows; every other endpoint stays on HTTP. For a client built elsewhere, pass
 `httpx2.Client(transport=WebSocketTransport())` (or the async one) as its `http_client`.
+
+Errors: failures the server reports reach the caller as the SDK's own exceptions, exactly as
+over HTTP; the transport's own are `TransportError` and its subclasses (see `ws_transport.errors`).
 """
 
 from __future__ import annotations
 
-from .chaining import Chain, ChainBook, Plan
+from .errors import ConnectionLost, SessionClosed, TransportError, TurnNotPrepared
 from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
 from .options import ReconnectPolicy, SessionOptions, SessionStats
 from .session import Session
@@ -20,13 +23,14 @@ from .wrap import session_of, wrap
 
 __all__ = [
     "AsyncWebSocketTransport",
-    "Chain",
-    "ChainBook",
-    "Plan",
+    "ConnectionLost",
     "ReconnectPolicy",
     "Session",
+    "SessionClosed",
     "SessionOptions",
     "SessionStats",
+    "TransportError",
+    "TurnNotPrepared",
     "WebSocketTransport",
     "session_of",
     "wrap",

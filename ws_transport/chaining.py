@@ -27,21 +27,6 @@ Params = dict[str, Any]
 PASSTHROUGH_PARAMS = frozenset({"previous_response_id", "conversation"})
 """A request carrying one of these names its own server-side state: sent as is, never chained."""
 
-RESEND_CODES = frozenset({"previous_response_not_found", "websocket_connection_limit_reached", "server_shutting_down"})
-"""Error codes after which the turn is resent once with its full input (nothing is lost): the
-last two refuse a request on a socket that is closing, so it goes on a new one."""
-
-
-def should_resend(code: str | None, *, chained: bool) -> bool:
-    """The resend-on-miss rule: a chain we chose was lost, or the socket retired; nothing else.
-
-    A request rejected for itself (any other 400) is never resent, and neither is a
-    `previous_response_id` the caller chose: resending it in full is impossible.
-    """
-    if code == "previous_response_not_found":
-        return chained
-    return code in RESEND_CODES
-
 
 @dataclass(slots=True)
 class Chain:

@@ -1,4 +1,21 @@
-"""Failures inside a session, and error events turned into the HTTP answers the SDK already understands.
+"""The transport's exceptions, and error events turned into the HTTP answers the SDK already understands.
+
+What a caller can meet (all importable from `ws_transport`):
+
+    openai.OpenAIError
+    └── TransportError                  base of every ws_transport error
+        ├── SessionClosed (RuntimeError)  a turn on a client (session) that was closed
+        ├── TurnNotPrepared (RuntimeError)
+        │                               a request marked as prepared by another client's `wrap`
+        └── ConnectionLost              the socket closed before the response completed; reaches
+                                        the caller as the `__cause__` of `openai.APIConnectionError`
+
+Each subclasses what a caller of the `openai` SDK already catches: `openai.OpenAIError`, and
+`RuntimeError` where plain HTTP raises that (a closed httpx client). The SDK passes its own
+errors through without retrying them.
+
+The session's internal signals (`UseHTTP`, `UpgradeRejected`, `TurnRejected`) never reach the
+caller: they become an HTTP fallback or the HTTP response the server's answer stands for.
 
 An `error` event becomes an HTTP response with the event's status and `{"error": {...}}` body, so
 the SDK raises exactly what it raises over HTTP (`BadRequestError` for 400, `NotFoundError` for
@@ -10,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2
+import openai
 import orjson
 
 STATUS_BY_TYPE = {
@@ -22,17 +40,29 @@ STATUS_BY_TYPE = {
 }
 
 
-class SessionError(Exception):
-    """Base class of the session's own failures; none of them reaches the caller as is."""
+class TransportError(openai.OpenAIError):
+    """Base class of every `ws_transport` error."""
 
 
-class ConnectionLost(SessionError):
+class SessionClosed(TransportError, RuntimeError):
+    """The client (its session) was closed: it sends no more turns, as a closed HTTP client sends nothing."""
+
+
+class TurnNotPrepared(TransportError, RuntimeError):
+    """A request carries a prepared-turn ticket this session never issued (sent through another client)."""
+
+
+class ConnectionLost(TransportError):
     """The socket closed before the turn's terminal event."""
 
     def __init__(self, code: int, reason: str = "") -> None:
         super().__init__(f"WebSocket closed with code {code} before the response completed {reason}".strip())
         self.code = code
         self.reason = reason
+
+
+class SessionError(Exception):
+    """Base of the session's internal signals; none of them reaches the caller as is."""
 
 
 class UseHTTP(SessionError):

@@ -13,7 +13,9 @@ raises the same exception class it raises over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
@@ -23,6 +25,7 @@ import orjson
 
 from .errors import (
     ConnectionLost,
+    TurnNotPrepared,
     TurnRejected,
     UpgradeRejected,
     UseHTTP,
@@ -71,7 +74,7 @@ class _Router:
         try:
             return self.session.tickets[ticket]
         except KeyError:
-            raise RuntimeError(
+            raise TurnNotPrepared(
                 f"no prepared turn for {TICKET_HEADER}: {ticket}; was it sent through another client?"
             ) from None
 
@@ -207,40 +210,65 @@ class _SSEStream(httpx2.AsyncByteStream):
 
 
 class _PortalStream(httpx2.SyncByteStream):
-    """An async byte stream on the portal's loop, read from the caller's thread."""
+    """An async byte stream on the portal's loop, read from the caller's thread.
+
+    `close()` may come from any thread while the reader waits for a chunk (a "stop" button). The
+    chunk generator must never be closed while a step of it runs, so every step and the close
+    run as tasks on the loop: the close cancels the running step, waits until it has unwound,
+    then closes the generator. A step that starts after the close sees `closed` and does nothing.
+    """
 
     def __init__(self, stream: _SSEStream, portal: Portal) -> None:
         self.stream = stream
         self.portal = portal
-        self.chunks: AsyncGenerator[bytes, None] | None = None
-        self.pending: concurrent.futures.Future[bytes | None] | None = None
+        self.chunks: AsyncGenerator[bytes, None] = stream.__aiter__()
+        self.closed = False
+        self._step: asyncio.Task[bytes | None] | None = None
+        self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[bytes]:
         """One chunk per hop to the loop; `close()` from another thread interrupts the wait."""
-        self.chunks = chunks = self.stream.__aiter__()
         while True:
-            self.pending = self.portal.submit(_next_chunk(chunks))
+            with self._lock:
+                if self.closed:
+                    raise httpx2.ReadError("the response stream was closed")
+                pending = self.portal.submit(self._next())
             try:
-                chunk = self.pending.result()
-            except concurrent.futures.CancelledError:
+                chunk = pending.result()
+            except (concurrent.futures.CancelledError, _StreamClosed):
                 raise httpx2.ReadError("the response stream was closed") from None
             if chunk is None:
                 return
             yield chunk
 
     def close(self) -> None:
-        if self.pending is not None:
-            self.pending.cancel()  # a reader blocked on the next chunk stops now, and the turn's lane is freed
-        if self.chunks is not None:
-            self.portal.cleanup(self.chunks.aclose())
-        self.portal.cleanup(self.stream.aclose())
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.portal.cleanup(self._aclose())
+
+    async def _next(self) -> bytes | None:
+        """One step of the generator, on the loop; runs only while the stream is open."""
+        if self.closed:
+            raise _StreamClosed
+        self._step = asyncio.current_task()
+        try:
+            return await anext(self.chunks)
+        except StopAsyncIteration:
+            return None
+
+    async def _aclose(self) -> None:
+        step = self._step
+        if step is not None and not step.done():
+            step.cancel()
+            await asyncio.wait([step])
+        await self.chunks.aclose()
+        await self.stream.aclose()
 
 
-async def _next_chunk(chunks: AsyncGenerator[bytes, None]) -> bytes | None:
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return None
+class _StreamClosed(Exception):
+    """A chunk was asked for after the stream was closed."""
 
 
 class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,12 +30,13 @@ class ReconnectPolicy:
     def recoverable(self, close_code: int) -> bool:
         return is_recoverable_close(close_code)
 
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait before connection attempt `attempt` (0 = first, no wait)."""
+    def delay(self, attempt: int, rand: float | None = None) -> float:
+        """Seconds to wait before connection attempt `attempt` (0 = first, no wait); `rand` in [0, 1)
+        picks the jitter (a random one when None), so the same inputs give the same delay."""
         if attempt <= 0:
             return 0.0
         base = min(self.max_delay_s, self.initial_delay_s * 2 ** (attempt - 1))
-        return base * (1 - self.jitter * random.random())
+        return base * (1 - self.jitter * (random.random() if rand is None else rand))
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class SessionOptions:
     """Observer: a copy of each `response.create` payload as it goes on the wire (after chaining)."""
     on_event: Callable[[dict[str, Any]], None] | None = None
     """Observer: each server event of a turn, before the caller sees it. Observer errors are logged."""
+    clock: Callable[[], float] = time.monotonic
+    """Seconds from any fixed point; what `max_connection_age_s` is measured with (tests pass their own)."""
 
 
 @dataclass

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .errors import SessionClosed
+
 T = TypeVar("T")
 
 
@@ -75,7 +77,7 @@ class Portal:
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._stopped:
-                raise RuntimeError("the client was closed")
+                raise SessionClosed("the client was closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)

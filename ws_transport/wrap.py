@@ -20,12 +20,9 @@ from typing import Any, TypeVar
 
 import httpx2
 from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
-from openai._base_client import make_request_options
-from openai._types import NOT_GIVEN
-from openai._utils import is_given, transform
 from openai.types.responses import Response, ResponseStreamEvent
-from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
+from . import _sdk
 from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
 from .options import SessionOptions
 from .portal import Portal
@@ -47,8 +44,7 @@ def wrap(client: ClientT, options: SessionOptions | None = None, **option_fields
     already holding it, and copies made with `with_options`, share the session. Closing the
     client closes the sockets. Options: a `SessionOptions`, or its fields as keywords.
     """
-    http = client._client
-    if isinstance(http._transport, (WebSocketTransport, AsyncWebSocketTransport)):
+    if isinstance(_sdk.transport_of(client), (WebSocketTransport, AsyncWebSocketTransport)):
         return client
     if options is not None and option_fields:
         raise TypeError("pass either a SessionOptions or its fields as keywords, not both")
@@ -56,16 +52,14 @@ def wrap(client: ClientT, options: SessionOptions | None = None, **option_fields
     if client.websocket_base_url is not None and options.websocket_url is None:
         options = dataclasses.replace(options, websocket_url=_responses_url(client.websocket_base_url))
     session = Session(options)
-    make = _transport_factory(client, session)
-    http._transport = make(http._transport)
-    http._mounts = {pattern: None if t is None else make(t) for pattern, t in http._mounts.items()}
+    _sdk.replace_transports(client, _transport_factory(client, session))
     _install(client, session)
     return client
 
 
 def session_of(client: OpenAI | AsyncOpenAI) -> Session:
     """The session behind a wrapped client (or one built on a WebSocket transport): stats, chains."""
-    transport = client._client._transport
+    transport = _sdk.transport_of(client)
     if not isinstance(transport, (WebSocketTransport, AsyncWebSocketTransport)):
         raise ValueError("this client is not wrapped by ws_transport")
     return transport.session
@@ -88,7 +82,7 @@ def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
     @functools.wraps(original_copy)
     def copy(**kwargs: Any) -> Any:
         new = original_copy(**kwargs)
-        if new._client is client._client:
+        if _sdk.http_client(new) is _sdk.http_client(client):
             _install(new, session)
         return new
 
@@ -104,10 +98,9 @@ def _sync_create(resource: Any, session: Session) -> Callable[..., Any]:
         if turn is None:
             return original(**kwargs)
         with _ticket(session, turn) as ticket:
-            result = resource._post(
-                "/responses",
-                body={},
-                options=_request_options(kwargs, ticket),
+            result = _sdk.post(
+                resource,
+                _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
                 cast_to=Response,
                 stream=turn.stream,
                 stream_cls=Stream[ResponseStreamEvent],
@@ -127,10 +120,9 @@ def _async_create(resource: Any, session: Session) -> Callable[..., Any]:
         if turn is None:
             return await original(**kwargs)
         with _ticket(session, turn) as ticket:
-            result = await resource._post(
-                "/responses",
-                body={},
-                options=_request_options(kwargs, ticket),
+            result = await _sdk.post(
+                resource,
+                _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
                 cast_to=Response,
                 stream=turn.stream,
                 stream_cls=AsyncStream[ResponseStreamEvent],
@@ -143,7 +135,7 @@ def _async_create(resource: Any, session: Session) -> Callable[..., Any]:
 
 def prepare(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None:
     """Split `responses.create(**kwargs)` against the session's chains; None leaves the call to the SDK."""
-    given = {k: v for k, v in kwargs.items() if is_given(v)}
+    given = _sdk.given(kwargs)
     extra_body = given.get("extra_body") or {}
     if session.http_only or given.get("background") or not isinstance(extra_body, dict) or "input" in extra_body:
         return None
@@ -155,17 +147,8 @@ def prepare(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None:
     fields = plan.chain.fields if plan.chain is not None else None
     if fields is None:
         body = {k: v for k, v in params.items() if k != "extra_body"}
-        fields = {**transform(body, ResponseCreateParamsBase), **extra_body}
+        fields = {**_sdk.create_fields(body), **extra_body}
     return TurnRequest(fields, plan, raw_input, stream=given.get("stream") is True)
-
-
-def _request_options(kwargs: dict[str, Any], ticket: str) -> Any:
-    return make_request_options(
-        extra_headers={**(kwargs.get("extra_headers") or {}), TICKET_HEADER: ticket},
-        extra_query=kwargs.get("extra_query"),
-        timeout=kwargs.get("timeout", NOT_GIVEN),
-        security={"bearer_auth": True},
-    )
 
 
 @contextlib.contextmanager

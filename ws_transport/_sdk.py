@@ -1,0 +1,74 @@
+"""Every use of the `openai` package's private internals, in this one module.
+
+`ws_transport` plugs into a client the SDK built, so it needs a few things the SDK keeps private:
+the client's HTTP client and transports, the request options and body transform the resource
+methods use, and the WebSocket connector the SDK's own `responses.connect()` uses. When an
+`openai` release moves one of them, this is the module to change; CI runs the transport tests
+against the newest 3.x release to find out (see `.ci/run`). Everything else in `ws_transport`
+uses only the SDK's public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx2
+from openai import AsyncOpenAI, OpenAI
+from openai._base_client import make_request_options
+from openai._types import NOT_GIVEN
+from openai._utils import is_given, transform
+from openai.lib._websocket import _WebSocketConnect
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
+from websockets.asyncio.client import ClientConnection
+
+Client = OpenAI | AsyncOpenAI
+
+
+def http_client(client: Client) -> httpx2.Client | httpx2.AsyncClient:
+    """The httpx client a `openai` client sends through (shared by its copies)."""
+    return client._client
+
+
+def transport_of(client: Client) -> Any:
+    """The transport the client's HTTP client sends through."""
+    return client._client._transport
+
+
+def replace_transports(client: Client, make: Callable[[Any], Any]) -> None:
+    """Put `make(old)` in place of the client's transport and of each mounted one (proxies)."""
+    http = client._client
+    http._transport = make(http._transport)
+    http._mounts = {pattern: None if t is None else make(t) for pattern, t in http._mounts.items()}
+
+
+def given(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments a caller actually passed to a resource method (`NOT_GIVEN` ones dropped)."""
+    return {k: v for k, v in kwargs.items() if is_given(v)}
+
+
+def create_fields(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`responses.create` arguments as the JSON request fields the SDK would send."""
+    return transform(dict(params), ResponseCreateParamsBase)
+
+
+def request_options(kwargs: Mapping[str, Any], extra_headers: Mapping[str, str]) -> Any:
+    """The per-request options `responses.create(**kwargs)` builds, with `extra_headers` added."""
+    return make_request_options(
+        extra_headers={**(kwargs.get("extra_headers") or {}), **extra_headers},
+        extra_query=kwargs.get("extra_query"),
+        timeout=kwargs.get("timeout", NOT_GIVEN),
+        security={"bearer_auth": True},
+    )
+
+
+def post(resource: Any, options: Any, **kwargs: Any) -> Any:
+    """`POST /responses` through the resource's own request path (retries, parsing, streams)."""
+    return resource._post("/responses", body={}, options=options, **kwargs)
+
+
+async def connect_websocket(
+    url: str, headers: list[tuple[str, str]], user_agent: str | None, **options: Any
+) -> ClientConnection:
+    """Open a WebSocket as the SDK's `responses.connect()` does (no cross-origin redirects with credentials)."""
+    return await _WebSocketConnect(url, additional_headers=headers, user_agent_header=user_agent, **options)

@@ -1,0 +1,122 @@
+"""One socket and its lanes: the asyncio layer that moves a socket's frames to the turns waiting for them.
+
+A `Connection` owns a socket and, once `start()`ed, a reader task that puts each event in the
+queue of the lane (the `stream_id`) waiting for it; every turn gets a fresh lane id, so a late
+event of an abandoned turn has no queue and is dropped instead of reaching the next turn. What
+the socket may be used for is the `policy.Socket` record it carries; this module decides nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from .errors import ConnectionLost
+from .policy import Socket
+
+log = logging.getLogger("ws_transport")
+
+ABNORMAL_CLOSURE = 1006
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Put in every waiting lane when the socket closes, so no turn waits forever."""
+
+    code: int
+    reason: str
+
+
+class Listener(Protocol):
+    """What a connection tells its session: the socket closed, or an event came for no lane."""
+
+    def socket_closed(self, conn: Connection) -> None: ...
+
+    def stray_event(self, conn: Connection, event: dict[str, Any]) -> None: ...
+
+
+class Connection:
+    """One socket; its reader (started by `start`) routes each event to the lane waiting for it."""
+
+    def __init__(self, socket: ClientConnection, record: Socket, *, lanes: bool) -> None:
+        self.socket = socket
+        self.record = record
+        self.use_lanes = lanes
+        self.lanes: dict[str | None, asyncio.Queue[dict[str, Any] | Closed]] = {}
+        self.closed: Closed | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self._lane_ids = 0
+
+    @property
+    def generation(self) -> int:
+        return self.record.generation
+
+    def start(self, listener: Listener) -> None:
+        """Start reading; the listener hears of the close and of events no lane waits for."""
+        self.reader = asyncio.create_task(self._read(listener), name=f"ws_transport reader #{self.generation}")
+
+    def open_lane(self) -> str | None:
+        lane = None
+        if self.use_lanes:
+            self._lane_ids += 1
+            lane = f"t{self._lane_ids}"
+        self.lanes[lane] = asyncio.Queue()
+        return lane
+
+    def close_lane(self, lane: str | None) -> None:
+        self.lanes.pop(lane, None)
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            await self.socket.send(frame.decode())  # a text frame; `send(bytes, text=True)` needs websockets 14
+        except ConnectionClosed as exc:
+            raise ConnectionLost(*close_info(self.socket)) from exc
+
+    async def next_event(self, lane: str | None, timeout: float | None) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            item = await self.lanes[lane].get()
+        if isinstance(item, Closed):
+            raise ConnectionLost(item.code, item.reason)
+        return item
+
+    async def aclose(self) -> None:
+        await self.socket.close()
+        if self.reader is not None:
+            await asyncio.gather(self.reader, return_exceptions=True)
+
+    async def _read(self, listener: Listener) -> None:
+        try:
+            async for message in self.socket:
+                event = orjson.loads(message)
+                if isinstance(event, dict):
+                    self._route(event, listener)
+        except ConnectionClosed:
+            pass
+        except asyncio.CancelledError:
+            self.socket.transport.abort()  # the loop is going away (asyncio.run ending): no close handshake
+            raise
+        except orjson.JSONDecodeError as exc:
+            log.warning("ws_transport: closing a socket that sent a frame that is not JSON: %s", exc)
+            await self.socket.close(1002)
+        finally:
+            self.closed = Closed(*close_info(self.socket))
+            for queue in self.lanes.values():
+                queue.put_nowait(self.closed)
+            listener.socket_closed(self)
+
+    def _route(self, event: dict[str, Any], listener: Listener) -> None:
+        queue = self.lanes.get(event.get("stream_id") if self.use_lanes else None)
+        if queue is not None:
+            queue.put_nowait(event)
+        else:
+            listener.stray_event(self, event)
+
+
+def close_info(socket: ClientConnection) -> tuple[int, str]:
+    return socket.close_code or ABNORMAL_CLOSURE, socket.close_reason or ""
