@@ -1,0 +1,205 @@
+"""The usage ledger: one record per finished response, durable across a crash, off the critical path.
+
+A record is accepted synchronously (appended to this process's write-ahead journal, a few
+microseconds and no fsync: it survives the process being killed, which is what the journal is
+for) and queued; a background task writes queued records in batches to the ledger (a SQLite
+file, or a Redis stream when the store is Redis). Each record's id is its response id and every
+write is idempotent, so replaying a journal after a crash counts nothing twice.
+
+Journal segments: `<dir>/<pid>-<n>.jsonl`, each locked (`flock`) by the process writing it.
+A flush rotates to a new segment, writes the old one's records, then deletes it. At start-up a
+process replays and deletes every segment no live process holds (what a killed one left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """What billing needs about one response; `id` (the response id) makes writes idempotent."""
+
+    id: str
+    created_at: float
+    tenant: str | None
+    model: str
+    deployment: str | None
+    status: str
+    transport: str
+    connection_id: str | None
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_ms: float | None
+    duration_ms: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UsageRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class LedgerSink(Protocol):
+    """Where records end up. `write` must be idempotent on `UsageRecord.id`; it may block (run in a thread)."""
+
+    def write(self, records: list[UsageRecord]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Journal:
+    """This process's write-ahead segments; `append` is one `write(2)` on an O_APPEND descriptor."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._sequence = 0
+        self._fd = self._new_segment()
+        self._path = self._segment_path(self._sequence)
+
+    def _segment_path(self, sequence: int) -> Path:
+        return self.directory / f"{os.getpid()}-{sequence}.jsonl"
+
+    def _new_segment(self) -> int:
+        """Created under a temporary name and locked before it gets its scanned name, so no replayer takes it."""
+        self._sequence += 1
+        final = self._segment_path(self._sequence)
+        temporary = final.with_suffix(".new")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(temporary, final)
+        return fd
+
+    def append(self, record: UsageRecord) -> None:
+        os.write(self._fd, orjson.dumps(asdict(record)) + b"\n")
+
+    def rotate(self) -> tuple[int, Path]:
+        """Start a new segment; the caller deletes the old one (`retire`) once its records are written."""
+        old = (self._fd, self._path)
+        self._fd = self._new_segment()
+        self._path = self._segment_path(self._sequence)
+        return old
+
+    @staticmethod
+    def retire(segment: tuple[int, Path]) -> None:
+        fd, path = segment
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+    def close(self) -> None:
+        self.retire((self._fd, self._path))
+
+
+def orphaned_segments(directory: Path) -> Iterator[tuple[list[UsageRecord], int, Path]]:
+    """Segments no live process holds (a killed process's), with their records; each stays locked until retired."""
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.glob("*.jsonl")):
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        yield _read_records(path), fd, path
+
+
+def _read_records(path: Path) -> list[UsageRecord]:
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            records.append(UsageRecord.from_json(orjson.loads(line)))
+        except (orjson.JSONDecodeError, TypeError):
+            log.warning("usage journal %s: skipping a torn line (the process died mid-write)", path)
+    return records
+
+
+class Ledger:
+    """Accepts records at once (journal + queue) and writes them in batches in the background."""
+
+    def __init__(self, sink: LedgerSink, journal_dir: Path, *, flush_interval_s: float = 0.2, batch: int = 1000):
+        self.sink = sink
+        self.journal_dir = journal_dir
+        self.flush_interval_s = flush_interval_s
+        self.batch = batch
+        self.journal: Journal | None = None
+        self._queue: list[UsageRecord] = []
+        self._wake: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self.written = 0
+
+    async def start(self) -> None:
+        """Replay what a killed process left, then open this process's journal and start flushing."""
+        for records, fd, path in orphaned_segments(self.journal_dir):
+            await asyncio.to_thread(self.sink.write, records)
+            log.info("usage ledger: replayed %d record(s) from %s", len(records), path.name)
+            Journal.retire((fd, path))
+        self.journal = Journal(self.journal_dir)
+        self._wake = asyncio.Event()
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    def accept(self, record: UsageRecord) -> None:
+        """Durable once this returns (the journal line is in the kernel); the ledger write comes later."""
+        assert self.journal is not None and self._wake is not None, "Ledger.start() was not awaited"
+        self.journal.append(record)
+        self._queue.append(record)
+        if len(self._queue) >= self.batch:
+            self._wake.set()
+
+    async def _flush_forever(self) -> None:
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:  # the sink is away (Redis down, disk full): the journal keeps the records
+                log.exception("usage ledger: write failed; %d record(s) kept in the journal", len(self._queue))
+
+    async def flush(self) -> None:
+        """Write everything accepted so far; on failure the records stay queued and journaled."""
+        if not self._queue or self.journal is None:
+            return
+        segment = self.journal.rotate()
+        batch, self._queue = self._queue, []
+        try:
+            await asyncio.to_thread(self.sink.write, batch)
+        except BaseException:
+            self._queue[:0] = batch
+            for record in batch:  # back into the live journal, so the old segment can go
+                self.journal.append(record)
+            Journal.retire(segment)
+            raise
+        Journal.retire(segment)
+        self.written += len(batch)
+
+    async def aclose(self) -> None:
+        """Drain: write what is queued; what cannot be written stays in the journal for the next start."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("usage ledger: %d record(s) left in the journal at shutdown", len(self._queue))
+        else:
+            if self.journal is not None:
+                self.journal.close()
+        await asyncio.to_thread(self.sink.close)

@@ -1,0 +1,95 @@
+"""Where usage records end up: a SQLite file (one server) or a Redis stream (workers and replicas).
+
+Both writes are idempotent on the record id (the response id): SQLite by primary key, Redis by a
+`SET NX` marker checked in the same Lua script as the `XADD`. Both run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import asdict, astuple, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .ledger import UsageRecord
+
+COLUMNS = [f.name for f in fields(UsageRecord)]
+STREAM = "responses-ws:usage"
+SEEN_PREFIX = "responses-ws:usage:seen:"
+SEEN_TTL_S = 30 * 86400
+"""How long a record id is remembered for deduplication: longer than any journal waits for replay."""
+
+_ADD_ONCE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return redis.call('XADD', KEYS[2], '*', 'record', ARGV[2])
+end
+return false
+"""
+
+
+class SqliteSink:
+    """One table, `usage`, keyed by response id; WAL mode so several workers can write one file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        columns = ", ".join(f"{name} {'TEXT PRIMARY KEY' if name == 'id' else ''}" for name in COLUMNS)
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS usage ({columns})")
+        self._db.execute("CREATE INDEX IF NOT EXISTS usage_created ON usage (created_at)")
+        self._db.commit()
+
+    def write(self, records: list[UsageRecord]) -> None:
+        marks = ", ".join("?" for _ in COLUMNS)
+        with self._db:
+            self._db.executemany(f"INSERT OR IGNORE INTO usage VALUES ({marks})", [astuple(r) for r in records])
+
+    def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
+        query = f"SELECT {', '.join(COLUMNS)} FROM usage WHERE created_at >= ?"
+        args: list[Any] = [since or 0.0]
+        if tenant is not None:
+            query += " AND tenant = ?"
+            args.append(tenant)
+        for row in self._db.execute(query + " ORDER BY created_at", args):
+            yield UsageRecord(*row)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class RedisStreamSink:
+    """`XADD responses-ws:usage * record <json>`, once per id; readers use `XRANGE`."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._add_once = self._redis.register_script(_ADD_ONCE)
+
+    def write(self, records: list[UsageRecord]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for record in records:
+            payload = orjson.dumps(asdict(record))
+            self._add_once(keys=[SEEN_PREFIX + record.id, STREAM], args=[SEEN_TTL_S, payload], client=pipe)
+        pipe.execute()
+
+    def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
+        """Stream ids are the time of the write, never before `created_at`: a range from `since`, then a filter."""
+        start = f"{int((since or 0) * 1000)}-0"
+        while True:
+            entries = self._redis.xrange(STREAM, min=start, count=1000)
+            for _, fields_ in entries:
+                record = UsageRecord.from_json(orjson.loads(fields_[b"record"]))
+                if record.created_at >= (since or 0) and (tenant is None or record.tenant == tenant):
+                    yield record
+            if len(entries) < 1000:
+                return
+            start = "(" + entries[-1][0].decode()
+
+    def close(self) -> None:
+        self._redis.close()
