@@ -8,6 +8,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -19,6 +20,7 @@ from . import extensions, http, resources
 from .backends import Backend
 from .config import ShimConfig
 from .errors import APIError
+from .ledger import Ledger
 from .limits import RequestLimits
 from .postinference import PostInference
 from .router import Router, build_router
@@ -89,7 +91,7 @@ def create_app(
         store=store or build_store(settings),
         validators=[*validators, *extensions.validators(manager, settings)],
         classifiers=[*classifiers, *extensions.classifiers(manager, settings)],
-        post_inference=PostInference([extensions.response_sink(manager)]),
+        post_inference=PostInference([extensions.response_sink(manager)], build_ledger(settings)),
         limits=RequestLimits.from_settings(settings),
     )
     if isinstance(backend, Router):
@@ -109,6 +111,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if isinstance(env.backend, Router):
             env.backend.start_health_checks()
+        await env.post_inference.start()
         yield
         await shim.close_connections()
         await env.post_inference.aclose()
@@ -149,6 +152,22 @@ def build_store(settings: Settings) -> ResponseStore:
         max_entry_bytes=settings.store_max_entry_bytes,
         timeout_s=settings.store_timeout_s,
     )
+
+
+def build_ledger(settings: Settings) -> Ledger | None:
+    """The usage ledger `settings.usage_ledger` names (a Redis stream on the store's Redis, or SQLite), or None."""
+    kind = settings.usage_ledger
+    if kind == "auto":
+        kind = "sqlite" if settings.store == "memory" else "redis"
+    if kind == "off":
+        return None
+    from .ledger_sinks import RedisStreamSink, SqliteSink
+
+    if kind == "redis" and settings.store == "memory":
+        raise ValueError("usage_ledger 'redis' needs a redis:// store (--store)")
+    sink = RedisStreamSink(settings.store) if kind == "redis" else SqliteSink(settings.usage_path)
+    journal = Path(settings.usage_path + ".journal")
+    return Ledger(sink, journal, flush_interval_s=settings.usage_flush_interval_s)
 
 
 class BearerAuth:

@@ -71,6 +71,34 @@ def _serve_settings(args: argparse.Namespace) -> tuple[Settings, ShimConfig | No
     return settings, config if config and config.deployments else None
 
 
+def _usage(args: argparse.Namespace) -> int:
+    """Totals per tenant and model from the ledger the server settings name (flags override them)."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from .ledger_sinks import RedisStreamSink, SqliteSink
+    from .usage_report import parse_since, render, totals
+
+    try:
+        overrides = {"store": args.store, "usage_path": args.usage_path}
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        since = parse_since(args.since) if args.since else None
+    except (ValidationError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    redis_ledger = settings.usage_ledger == "redis" or (settings.usage_ledger == "auto" and settings.store != "memory")
+    if not redis_ledger and not Path(settings.usage_path).exists():
+        print(f"no usage ledger at {settings.usage_path} (--usage-path, or --store for the Redis one)", file=sys.stderr)
+        return 2
+    sink = RedisStreamSink(settings.store) if redis_ledger else SqliteSink(settings.usage_path)
+    try:
+        print(render(totals(sink.read(since, args.tenant)), args.format))
+    finally:
+        sink.close()
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -199,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
     demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
     demo.set_defaults(func=_demo)
+
+    usage = sub.add_parser("usage", help="usage totals per tenant and model from the usage ledger")
+    usage.add_argument("--since", help="90m, 24h, 7d or an ISO date/time (default: everything)")
+    usage.add_argument("--tenant", help="only this tenant id")
+    usage.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    usage.add_argument("--store", metavar="URL", help="the server's redis:// store: read its usage stream")
+    usage.add_argument("--usage-path", metavar="PATH", help="the SQLite ledger (default: the server's usage_path)")
+    usage.set_defaults(func=_usage)
 
     check = sub.add_parser("check-config", help="validate a config file and print its routing table")
     check.add_argument("file", help="TOML config file")

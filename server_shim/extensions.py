@@ -19,6 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .backends.base import BackendFactory
+from .postinference import TurnInfo
 from .turn import Classifier, Validator
 
 log = logging.getLogger(__name__)
@@ -83,12 +84,12 @@ def _flatten(groups: list[list[Any]]) -> list[Any]:
     return [item for group in groups for item in group or ()]
 
 
-def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], str], Awaitable[None]]:
+def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], TurnInfo], Awaitable[None]]:
     """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other."""
     hook = manager.hook.responses_ws_response_finished
 
-    async def sink(response: dict[str, Any], transport: str) -> None:
-        args = {"response": response, "transport": transport}
+    async def sink(response: dict[str, Any], info: TurnInfo) -> None:
+        args = {"response": response, "transport": info.transport, "info": info}
         for impl in reversed(hook.get_hookimpls()):
             try:
                 result = impl.function(*(args[name] for name in impl.argnames))

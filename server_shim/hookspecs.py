@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from .backends.base import BackendFactory
+    from .postinference import TurnInfo
     from .settings import Settings
     from .turn import Classifier, Validator
 
@@ -82,12 +83,14 @@ def responses_ws_classifiers(settings: Settings) -> list[Classifier]:
 
 
 @hookspec
-def responses_ws_response_finished(response: dict[str, Any], transport: str) -> Awaitable[None] | None:
+def responses_ws_response_finished(response: dict[str, Any], transport: str, info: TurnInfo) -> Awaitable[None] | None:
     """Post-inference work (usage, billing, audit), called once per finished response.
 
     `response` is the final response object (completed, incomplete or failed) and `transport` is
-    "websocket" or "http". Called after the client has the terminal event, in a background task,
-    so it overlaps the client's next request instead of delaying it; the server drains pending
-    calls at shutdown. May be sync or `async def`. Each plugin's implementation runs on its own:
+    "websocket" or "http"; `info` (`server_shim.postinference.TurnInfo`) adds the tenant id,
+    connection id, deployment, time to first token and duration. Declare only the arguments you
+    use. Called in a background task as the client gets the terminal event, so it overlaps the
+    client's next request instead of delaying it; the server drains pending calls at shutdown.
+    The built-in usage ledger needs no hook: it records every response durably on its own. May be sync or `async def`. Each plugin's implementation runs on its own:
     an exception is logged with the plugin's name and stops no other sink; nothing reaches the client.
     """

@@ -82,7 +82,7 @@ class RedisStreamSink:
         """Stream ids are the time of the write, never before `created_at`: a range from `since`, then a filter."""
         start = f"{int((since or 0) * 1000)}-0"
         while True:
-            entries = self._redis.xrange(STREAM, min=start, count=1000)
+            entries: list[Any] = self._redis.xrange(STREAM, min=start, count=1000) or []
             for _, fields_ in entries:
                 record = UsageRecord.from_json(orjson.loads(fields_[b"record"]))
                 if record.created_at >= (since or 0) and (tenant is None or record.tenant == tenant):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import Field, field_validator
@@ -58,6 +60,17 @@ class Settings(BaseSettings):
     store_max_entry_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="largest stored response")
     store_timeout_s: float = Field(default=2.0, gt=0, description="Redis connect and command timeout")
 
+    usage_ledger: Literal["auto", "sqlite", "redis", "off"] = Field(
+        default="auto",
+        description="where one usage record per response goes: 'auto' is the Redis stream when the store is Redis, "
+        "else the SQLite file at usage_path",
+    )
+    usage_path: str = Field(
+        default_factory=lambda: str(_state_dir() / "usage.db"),
+        description="the SQLite ledger; its write-ahead journal lives beside it in '<usage_path>.journal/'",
+    )
+    usage_flush_interval_s: float = Field(default=0.2, gt=0, description="how often accepted records are written")
+
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
 
@@ -77,3 +90,8 @@ class Settings(BaseSettings):
         if value.lstrip().startswith("["):
             return orjson.loads(value)
         return [entry.strip() for entry in value.replace(",", "\n").splitlines() if entry.strip()]
+
+
+def _state_dir() -> Path:
+    """`$XDG_STATE_HOME/responses-ws`, or `~/.local/state/responses-ws`."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "responses-ws"

@@ -19,7 +19,7 @@ from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
 from .limits import DEFAULT_LIMITS, RequestLimits, check_reference_bytes
-from .postinference import PostInference
+from .postinference import PostInference, TurnInfo
 from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
@@ -97,6 +97,9 @@ class Turn:
         self.tenant = tenant
         self.seq = EventSequence(stream_id)
         self.result = TurnResult()
+        self._started = time.monotonic()
+        self._first_token: float | None = None
+        self._deployment: str | None = None
         self._plan: _Plan | None = None
 
     async def prepare(self) -> None:
@@ -158,6 +161,7 @@ class Turn:
         request = self.request
         response_id = new_id("resp")
         created_at = time.time()
+        self._started = time.monotonic()
         pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
         yield self.seq("response.created", response=pending)
         yield self.seq("response.in_progress", response=pending)
@@ -186,6 +190,8 @@ class Turn:
                     contextlib.aclosing(restore_calls(raw, plan.tools, request.max_tool_calls)) as deltas,
                 ):
                     async for delta in deltas:
+                        if self._first_token is None:
+                            self._first_token = time.monotonic()
                         for event in assembler.feed(delta):
                             yield event
             except BackendError as exc:
@@ -193,6 +199,7 @@ class Turn:
             except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
                 log.exception("backend %s raised unexpectedly", self.env.backend.name)
                 failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
+            self._deployment = backend_request.deployment
             if failure is not None:
                 for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
@@ -214,8 +221,20 @@ class Turn:
         )
         await self._finalize(final, plan)
         self.result.response = final
+        self.env.post_inference.submit(final, self._info())  # before the client has it: usage is never lost
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
-        self.env.post_inference.submit(final, self.transport)
+
+    def _info(self) -> TurnInfo:
+        """Who and where, and how long: what post-inference sinks and the usage ledger record."""
+        now = time.monotonic()
+        return TurnInfo(
+            transport=self.transport,
+            tenant=self.tenant,
+            connection_id=self.connection_id,
+            deployment=self._deployment,
+            ttft_s=None if self._first_token is None else self._first_token - self._started,
+            duration_s=now - self._started,
+        )
 
     async def _resolve_previous(self) -> ResponseState | None:
         previous_id = self.request.previous_response_id
@@ -264,7 +283,7 @@ class Turn:
         self.result.error = error
         events.append(self.seq("response.failed", response=failed))
         events.append(self.seq("error", status=error.status, error=error.body()))
-        self.env.post_inference.submit(failed, self.transport)
+        self.env.post_inference.submit(failed, self._info())
         return events
 
     async def _finalize(self, response: dict, plan: _Plan) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,10 @@ pytest_plugins = ["support.serve"]  # the serve_process fixture: `responses-ws s
 
 ServerFactory = Callable[..., BackgroundServer]
 
+# The usage ledger's default file lives under $XDG_STATE_HOME: the tests (and the servers they start) keep theirs
+# in a temporary directory, never in the home directory.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="responses-ws-tests-state-")
+
 
 @pytest.fixture
 def recorder() -> RecordingValidator:
@@ -57,7 +63,7 @@ def _stopping_servers() -> Iterator[list[BackgroundServer]]:
 
 
 @pytest.fixture
-def make_server(_stopping_servers: list[BackgroundServer]) -> Iterator[ServerFactory]:
+def make_server(_stopping_servers: list[BackgroundServer], tmp_path_factory: Any) -> Iterator[ServerFactory]:
     """Start a shim server with these `Settings` overrides (`backend_impl`: a `Backend`, `store_impl`: a store).
 
     Every server is told to stop at teardown.
@@ -68,6 +74,7 @@ def make_server(_stopping_servers: list[BackgroundServer]) -> Iterator[ServerFac
         *, validators: Any = (), backend_impl: Any = None, store_impl: Any = None, config: Any = None, **overrides: Any
     ) -> BackgroundServer:
         overrides.setdefault("drain_timeout_s", 2.0)
+        overrides.setdefault("usage_path", str(tmp_path_factory.mktemp("usage") / "usage.db"))
         settings = Settings(**overrides)
         app = create_app(settings, config=config, backend=backend_impl, store=store_impl, validators=list(validators))
         server = BackgroundServer(app, settings).start()

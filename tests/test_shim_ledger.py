@@ -1,0 +1,232 @@
+"""The usage ledger: one idempotent record per response, a journal that survives SIGKILL, `responses-ws usage`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from support.chat_server import closed_port
+from support.serve import SCRIPT, wait_healthy
+from support.wire import MODEL, TurnEvents, completed_ok, run_turn, user
+
+from plugins import create_plugin_manager, hookimpl
+from server_shim import BackgroundServer, Settings, create_app
+from server_shim.ledger import Journal, Ledger, UsageRecord
+from server_shim.ledger_sinks import RedisStreamSink, SqliteSink
+from server_shim.usage_report import parse_since, render, totals
+
+
+def record(response_id: str, tenant: str = "alice", output_tokens: int = 5, **changes: Any) -> UsageRecord:
+    values: dict[str, Any] = {
+        "id": response_id,
+        "created_at": 1_000.0,
+        "tenant": tenant,
+        "model": MODEL,
+        "deployment": "simulated",
+        "status": "completed",
+        "transport": "websocket",
+        "connection_id": "conn_1",
+        "input_tokens": 10,
+        "cached_tokens": 4,
+        "output_tokens": output_tokens,
+        "ttft_ms": 2.0,
+        "duration_ms": 3.0,
+    }
+    return UsageRecord(**{**values, **changes})
+
+
+def test_sqlite_writes_are_idempotent_on_the_response_id(tmp_path):
+    sink = SqliteSink(tmp_path / "usage.db")
+    sink.write([record("resp_1"), record("resp_2")])
+    sink.write([record("resp_1", output_tokens=999), record("resp_3", tenant="bob")])
+    assert sorted(r.id for r in sink.read()) == ["resp_1", "resp_2", "resp_3"]
+    assert next(r for r in sink.read() if r.id == "resp_1").output_tokens == 5
+    assert [r.id for r in sink.read(tenant="bob")] == ["resp_3"]
+    assert list(sink.read(since=2_000.0)) == []
+    sink.close()
+
+
+def test_redis_stream_writes_are_idempotent_on_the_response_id(redis_server):
+    sink = RedisStreamSink(redis_server.url)
+    sink.write([record("resp_1"), record("resp_2")])
+    sink.write([record("resp_1"), record("resp_3", tenant="bob")])
+    assert [r.id for r in sink.read()] == ["resp_1", "resp_2", "resp_3"]
+    assert [r.id for r in sink.read(tenant="bob")] == ["resp_3"]
+    sink.close()
+
+
+async def test_the_ledger_replays_what_a_dead_process_left_in_its_journal(tmp_path):
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    orphan = journal_dir / "99999-dead-1.jsonl"  # no process holds its lock: its writer is gone
+    lines = [json.dumps(asdict(record(f"resp_{i}"))) for i in range(3)]
+    orphan.write_text("\n".join(lines) + '\n{"id": "resp_torn", "crea')
+    sink = SqliteSink(tmp_path / "usage.db")
+    ledger = Ledger(sink, journal_dir, flush_interval_s=60)
+    await ledger.start()
+    assert sorted(r.id for r in sink.read()) == ["resp_0", "resp_1", "resp_2"]
+    assert not orphan.exists()
+    ledger.accept(record("resp_live"))
+    assert "resp_live" in "".join(p.read_text() for p in journal_dir.glob("*.jsonl"))
+    await ledger.aclose()
+    assert sorted(r.id for r in SqliteSink(tmp_path / "usage.db").read())[-1] == "resp_live"
+    assert list(journal_dir.glob("*.jsonl")) == []
+
+
+async def test_a_live_journal_is_never_replayed_by_another_ledger(tmp_path):
+    journal = Journal(tmp_path / "journal")
+    journal.append(record("resp_mine"))
+    other = Ledger(SqliteSink(tmp_path / "usage.db"), tmp_path / "journal", flush_interval_s=60)
+    await other.start()
+    assert list(other.sink.read()) == []  # type: ignore[attr-defined]
+    await other.aclose()
+    journal.close()
+
+
+def test_totals_group_by_tenant_and_model_in_every_format():
+    rows = totals([record("a"), record("b", output_tokens=7), record("c", tenant="bob", status="failed")])
+    assert [(r["tenant"], r["responses"], r["output_tokens"], r["failed"]) for r in rows] == [
+        ("alice", 2, 12, 0),
+        ("bob", 1, 5, 1),
+    ]
+    assert json.loads(render(rows, "json")) == rows
+    assert render(rows, "csv").splitlines()[0].startswith("tenant,model,responses")
+    assert render(rows, "table").splitlines()[1].split()[:3] == ["alice", MODEL, "2"]
+
+
+def test_since_takes_relative_and_iso_times():
+    assert parse_since("90m", now=10_000.0) == 10_000.0 - 5400
+    assert parse_since("2d", now=200_000.0) == 200_000.0 - 172_800
+    assert parse_since("2026-12-01T00:00:00+00:00") == datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    with pytest.raises(ValueError, match="--since"):
+        parse_since("yesterday")
+
+
+# --- over the wire -------------------------------------------------------------------------------
+
+
+class InfoRecorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    @hookimpl
+    def responses_ws_response_finished(self, response: dict[str, Any], info: Any) -> None:
+        self.calls.append((response["id"], info))
+
+
+def ok(turn: TurnEvents) -> TurnEvents:
+    completed_ok(turn)
+    return turn
+
+
+async def test_each_response_is_recorded_with_tenant_transport_deployment_and_timings(tmp_path):
+    recorder = InfoRecorder()
+    manager = create_plugin_manager(load_entry_points=False)
+    manager.register(recorder)
+    usage_path = tmp_path / "usage.db"
+    settings = Settings(api_keys=["alice sk-a"], usage_path=str(usage_path), drain_timeout_s=2.0)
+    with BackgroundServer(create_app(settings, plugin_manager=manager), settings) as server:
+        async with AsyncOpenAI(base_url=server.base_url, api_key="sk-a", max_retries=0) as sdk:
+            async with sdk.responses.connect() as conn:
+                over_ws = ok(await run_turn(conn, input=[user("hello")]))
+            over_http = await sdk.responses.create(model=MODEL, input="hi")
+    # the server has stopped: its ledger drained at shutdown
+    records = {r.id: r for r in SqliteSink(usage_path).read()}
+    assert set(records) == {over_ws.id, over_http.id}
+    ws_record, http_record = records[over_ws.id], records[over_http.id]
+    assert (ws_record.tenant, ws_record.transport, ws_record.deployment) == ("alice", "websocket", "simulated")
+    assert ws_record.connection_id.startswith("conn_") and http_record.connection_id is None
+    assert http_record.transport == "http" and http_record.output_tokens > 0
+    assert 0 <= ws_record.ttft_ms <= ws_record.duration_ms
+    infos = dict(recorder.calls)
+    assert infos[over_ws.id].tenant == "alice" and infos[over_ws.id].connection_id == ws_record.connection_id
+
+
+async def load(port: int, seen: list[str], stop: asyncio.Event) -> None:
+    """One client chaining turns over WebSocket until the server dies; records every completed id."""
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0) as sdk:
+        try:
+            async with sdk.responses.connect() as conn:
+                previous = None
+                while not stop.is_set():
+                    turn = await run_turn(conn, input=[user("go")], previous_response_id=previous, store=False)
+                    seen.append(turn.id)
+                    previous = turn.id
+        except Exception:
+            return  # the server was killed
+
+
+def ledger_ids(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    with sqlite3.connect(path) as db:
+        return [row[0] for row in db.execute("SELECT id FROM usage")]
+
+
+async def test_the_ledger_loses_nothing_when_the_server_is_killed_mid_load(serve_process, tmp_path):
+    usage_path = tmp_path / "usage.db"
+    config = tmp_path / "shim.toml"
+    config.write_text(f'[server]\nusage_path = "{usage_path}"\nusage_flush_interval_s = 5.0\n')
+    port = closed_port()
+    process = serve_process("--port", str(port), "--config", str(config))
+    await asyncio.to_thread(wait_healthy, port, process)
+    seen: list[str] = []
+    stop = asyncio.Event()
+    clients = [asyncio.create_task(load(port, seen, stop)) for _ in range(4)]
+    while len(seen) < 200:
+        await asyncio.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(5)
+    stop.set()
+    await asyncio.gather(*clients)
+    accepted = set(seen)
+    assert len(ledger_ids(usage_path)) < len(accepted)  # the kill came before the flush: only the journal has them
+
+    port = closed_port()
+    restarted = serve_process("--port", str(port), "--config", str(config))
+    await asyncio.to_thread(wait_healthy, port, restarted)
+    restarted.send_signal(signal.SIGINT)
+    restarted.wait(20)
+    recorded = ledger_ids(usage_path)
+    assert len(recorded) == len(set(recorded))
+    assert accepted <= set(recorded)
+    assert len(recorded) <= len(accepted) + len(clients)  # at most the turns in flight at the kill
+
+    report = subprocess.run(
+        [str(SCRIPT), "usage", "--usage-path", str(usage_path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    rows = json.loads(report.stdout)
+    assert sum(row["responses"] for row in rows) == len(recorded)
+
+
+async def test_with_a_redis_store_usage_goes_to_the_redis_stream(make_server, redis_server):
+    server = make_server(store=redis_server.url, api_keys=["bob sk-b"])
+    async with AsyncOpenAI(base_url=server.base_url, api_key="sk-b", max_retries=0) as sdk:
+        response = await sdk.responses.create(model=MODEL, input="hi")
+    deadline = time.monotonic() + 5
+    while not (records := list(RedisStreamSink(redis_server.url).read())) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert [(r.id, r.tenant) for r in records] == [(response.id, "bob")]
+    report = subprocess.run(
+        [str(SCRIPT), "usage", "--store", redis_server.url, "--tenant", "bob", "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert report.stdout.splitlines()[1].startswith(f"bob,{MODEL},1,0,")
