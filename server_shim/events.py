@@ -56,6 +56,11 @@ class OutputAssembler:
         self._message: _OpenItem | None = None
         self._calls: dict[int, _OpenItem] = {}
 
+    @property
+    def in_tool_call(self) -> bool:
+        """Whether a tool call has begun: the response must then end with its calls, not be cut short."""
+        return bool(self._calls)
+
     def feed(self, delta: Delta) -> list[Event]:
         if isinstance(delta, TextDelta):
             return self._text(delta.text)

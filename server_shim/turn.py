@@ -24,6 +24,7 @@ from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .state import ConnectionCache, ResponseState, ResponseStore
+from .steer import SteerSlot
 from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ class Turn:
         self._first_token: float | None = None
         self._deployment: str | None = None
         self._plan: _Plan | None = None
+        self.response_id: str | None = None
+        """Set when `events()` starts the response."""
+        self.steering: SteerSlot | None = None
+        """Steering queued on this response (WebSocket only); checked between deltas."""
 
     async def prepare(self) -> None:
         """Everything before inference; raises `APIError` and leaves all state untouched."""
@@ -159,7 +164,7 @@ class Turn:
         plan = self._plan
         assert plan is not None
         request = self.request
-        response_id = new_id("resp")
+        response_id = self.response_id = new_id("resp")
         created_at = time.time()
         self._started = time.monotonic()
         pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
@@ -167,6 +172,7 @@ class Turn:
         yield self.seq("response.in_progress", response=pending)
 
         assembler = OutputAssembler(self.seq)
+        steered = False
         if request.generate is not False:
             backend_request = BackendRequest(
                 model=request.model,
@@ -194,6 +200,9 @@ class Turn:
                             self._first_token = time.monotonic()
                         for event in assembler.feed(delta):
                             yield event
+                        if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
+                            steered = True  # a safe output boundary: stop here, the successor takes the input
+                            break
             except BackendError as exc:
                 failure = exc
             except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
@@ -204,10 +213,14 @@ class Turn:
                 for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
                 return
-            plan.deployment = backend_request.deployment
-            plan.carry = backend_request.carry
-        incomplete = assembler.finish == "length"
-        for event in assembler.close("incomplete" if incomplete else "completed"):
+            if not steered:
+                plan.deployment = backend_request.deployment
+                plan.carry = backend_request.carry
+        reason = "steered" if steered else None
+        if reason is None and assembler.finish == "length":
+            reason = "max_output_tokens"
+        incomplete = reason is not None
+        for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
             yield event
         final = response_object(
             response_id,
@@ -215,7 +228,7 @@ class Turn:
             status="incomplete" if incomplete else "completed",
             output=assembler.output,
             usage=assembler.usage,
-            incomplete_reason="max_output_tokens" if incomplete else None,
+            incomplete_reason=reason,
             created_at=created_at,
             labels=plan.labels,
         )

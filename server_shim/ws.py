@@ -20,8 +20,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .errors import APIError, internal_error, invalid
 from .events import new_id
+from .items import normalize_input
 from .requests import CreateRequest, check_stream_id, parse_create
 from .state import ConnectionCache
+from .steer import Steer, Steering, SteerSlot, steered_input
 from .tenants import scope_tenant
 from .turn import Turn
 
@@ -53,6 +55,7 @@ class ResponsesConnection:
         self.shim = shim
         self.settings = settings
         self.cache = ConnectionCache(settings.cache_max_responses, settings.cache_max_bytes)
+        self.steering = Steering()
         self.state = ConnectionState.OPEN
         self._lanes: dict[str | None, _Lane] = {}
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
@@ -100,6 +103,9 @@ class ResponsesConnection:
         request: CreateRequest | APIError
         try:
             body = _decode(data)
+            if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
+                await self.send(self.steering.submit(body))
+                return
             stream_id = check_stream_id(body.get("stream_id"))
             request = parse_create(body, websocket=True, limits=self.shim.env.limits)
         except APIError as error:
@@ -134,14 +140,28 @@ class ResponsesConnection:
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
 
-    async def _run_turn(self, request: CreateRequest, stream_id: str | None) -> None:
+    async def _run_turn(
+        self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
+    ) -> None:
+        """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
+        steers = successor_of
+        if steers is None:
+            steers = self.steering.take_pending(request.previous_response_id)
+            if steers:
+                request = request.model_copy(update={"input": steered_input(steers) + normalize_input(request.input)})
         turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
+        slot: SteerSlot | None = None
         try:
             async with contextlib.aclosing(turn.events()) as events:
                 async for event in events:
+                    if slot is None and turn.response_id is not None:
+                        slot = turn.steering = self.steering.begin(turn.response_id, stream_id)
                     await self.send(event)
         except APIError as error:
-            await self.send(_with_lane(error.event(), stream_id))
+            if not steers:
+                await self.send(_with_lane(error.event(), stream_id))
+            for steer in steers:  # the input could not be committed: returned, with why
+                await self.send(self.steering.failed(steer, "successor_creation_failed", error.message, stream_id))
         except WebSocketDisconnect:
             raise
         except Exception:
@@ -149,6 +169,17 @@ class ResponsesConnection:
             await self.send(_with_lane(internal_error().event(), stream_id))
         finally:
             self.shim.record_turn(turn)
+        if slot is not None:
+            await self._after_steerable(turn, slot, stream_id)
+
+    async def _after_steerable(self, turn: Turn, slot: SteerSlot, stream_id: str | None) -> None:
+        """Steering queued while the response ran: pending events, or the automatic successor."""
+        events, successor = self.steering.end(slot, turn.result.response)
+        for event in events:
+            await self.send(event)
+        if successor:
+            update = {"input": steered_input(successor), "previous_response_id": turn.response_id, "generate": None}
+            await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
     async def send(self, event: dict[str, Any]) -> None:
         text = orjson.dumps(event).decode()
@@ -209,10 +240,10 @@ def _decode(data: str | bytes) -> dict[str, Any]:
     kind = body.get("type")
     if kind is None:
         raise invalid("missing_required_parameter", "Missing required parameter: 'type'.", "type")
-    if kind != "response.create":
+    if kind not in ("response.create", "response.steer"):
         raise invalid(
             "unknown_event_type",
-            f"Unsupported event type {kind!r}: this server accepts 'response.create'.",
+            f"Unsupported event type {kind!r}: this server accepts 'response.create' and 'response.steer'.",
             "type",
         )
     return body
