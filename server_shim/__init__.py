@@ -23,10 +23,10 @@ from .config import DeploymentConfig, ShimConfig
 from .errors import APIError, BackendError
 from .hookspecs import hookimpl
 from .requests import CreateRequest
+from .safety import Classifier, Validator
 from .server import BackgroundServer, serve
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseState, ResponseStore
-from .turn import Classifier, Validator
 
 __all__ = [
     "APIError",

@@ -20,7 +20,7 @@ import pluggy
 from . import hookspecs
 from .backends.base import BackendFactory
 from .postinference import TurnInfo
-from .turn import Classifier, Validator
+from .safety import Classifier, Validator
 
 log = logging.getLogger(__name__)
 

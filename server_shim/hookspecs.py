@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     from .backends.base import BackendFactory
     from .postinference import TurnInfo
+    from .safety import Classifier, Validator
     from .settings import Settings
-    from .turn import Classifier, Validator
 
 PROJECT = "responses_ws"
 """The pluggy project name, which is also the entry-point group plugins register under."""
@@ -57,28 +57,30 @@ def responses_ws_backend_kinds() -> dict[str, BackendFactory]:
 
 @hookspec
 def responses_ws_validators(settings: Settings) -> list[Validator]:
-    """Validators for new input items; sync; called once at start-up.
+    """Validators for new input items; this hook is sync and called once at start-up.
 
     Each validator is called per turn, before inference, as `validator(new_items, previous, request)`:
     the items that arrived on this turn (after normalisation, before `item_reference`s are resolved),
-    the previous `ResponseState` or None (read-only), and the `CreateRequest`. It refuses the turn by
-    raising `server_shim.APIError`, which the client receives as an `error` event (HTTP: the status);
-    the connection and its cache are unchanged afterwards. Any other exception fails the turn as a
-    `server_error`. Order: validators passed to `create_app(validators=...)` first, then the plugins'
-    in pluggy's call order; the first to raise stops the turn. Keep them fast and non-blocking:
-    they run on the event loop on every turn.
+    the previous `ResponseState` or None (read-only), and the `CreateRequest`. A validator may be a
+    plain function or an `async def` (or return any awaitable): it is always awaited before the
+    turn goes on. It refuses the turn by raising `server_shim.APIError`, which the client receives
+    as an `error` event (HTTP: the status); the connection and its cache are unchanged afterwards.
+    Any other exception fails the turn as a `server_error` (fail closed: a crashing validator never
+    lets a turn through). Order: validators passed to `create_app(validators=...)` first, then the
+    plugins' in pluggy's call order; the first to raise stops the turn. Keep them fast: they run on
+    the event loop on every turn, before the response is created.
     """
 
 
 @hookspec
 def responses_ws_classifiers(settings: Settings) -> list[Classifier]:
-    """Classifiers for new input items; sync; called once at start-up.
+    """Classifiers for new input items; this hook is sync and called once at start-up.
 
-    Each classifier is called per turn after the validators, as `classifier(new_items)`, and
-    returns labels (`{name: value}`) that the server adds to the response's `metadata` under
-    `classifier.<name>`. On a duplicate name the classifier called later wins (order as for
-    validators). Like validators they see only what is new, run on the event loop, and an
-    exception fails the turn.
+    Each classifier is called per turn after the validators, as `classifier(new_items)`, may be sync
+    or `async def` (always awaited), and returns labels (`{str: str}`) that the server adds to the
+    response's `metadata` under `classifier.<name>`. On a duplicate name the classifier called later
+    wins (order as for validators). Like validators they see only what is new and fail closed: an
+    exception, or a result that is not `{str: str}`, fails the turn as a `server_error`.
     """
 
 

@@ -23,17 +23,12 @@ from .postinference import PostInference, TurnInfo
 from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
+from .safety import Classifier, Validator, run_classifiers, run_validators
 from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
 from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
 
 log = logging.getLogger(__name__)
-
-Validator = Callable[[list[Item], ResponseState | None, CreateRequest], None]
-"""Called with the new items only and the previous state (read-only); raises `APIError` to refuse."""
-
-Classifier = Callable[[list[Item]], dict[str, str]]
-"""Called with the new items only; returns labels added to the response metadata."""
 
 
 @dataclass
@@ -117,9 +112,8 @@ class Turn:
         new_items = expand_compactions(normalize_input(self.request.input))
         known_calls = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
-        for validator in self.env.validators:
-            validator(new_items, previous, self.request)
-        labels = {f"classifier.{k}": v for classify in self.env.classifiers for k, v in classify(new_items).items()}
+        await run_validators(self.env.validators, new_items, previous, self.request)
+        labels = await run_classifiers(self.env.classifiers, new_items)
         expanded = resolve_references(new_items, previous.output_items if previous else [])
         if expanded is not new_items:
             check_reference_bytes(new_items, expanded, self.env.limits)
