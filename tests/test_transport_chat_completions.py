@@ -169,6 +169,16 @@ def _call(messages: list[Any], **extra: Any) -> Any:
     return translate_call({"model": "m", "messages": messages, "tools": [TOOL], **extra})
 
 
+def test_a_turn_with_other_tools_or_settings_still_continues_the_conversation() -> None:
+    """A framework's follow-up call without tools (AutoGen's reflection) is the same conversation."""
+    book = ChatBook()
+    history: list[Any] = [_user("find 3")]
+    book.record(book.plan(_call(history)), _assistant_call("call_1"), "resp_1", link=None)
+    follow = [*history, _assistant_call("call_1"), {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+    plan = book.plan(translate_call({"model": "m", "messages": follow, "temperature": 0}))
+    assert plan.turn is not None and plan.new_messages == follow[2:]
+
+
 def test_only_messages_after_the_answered_turn_are_new() -> None:
     book = ChatBook()
     history: list[Any] = [{"role": "system", "content": "s"}, {"role": "user", "content": "find 3"}]
@@ -199,7 +209,7 @@ def _user(text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "change",
-    ["edited_history", "edited_answer", "other_fields", "nothing_new"],
+    ["edited_history", "edited_answer", "other_model", "nothing_new"],
 )
 def test_a_history_that_does_not_continue_the_turn_goes_in_full(change: str) -> None:
     book = ChatBook()
@@ -212,8 +222,8 @@ def test_a_history_that_does_not_continue_the_turn_goes_in_full(change: str) -> 
         history = [_user("find 4")]
     elif change == "edited_answer":
         follow[0] = {"role": "assistant", "content": "It is three."}
-    elif change == "other_fields":
-        extra = {"temperature": 0}
+    elif change == "other_model":
+        extra = {"model": "other"}
     else:
         follow = [answer]
     plan = book.plan(_call([*history, *follow], **extra))

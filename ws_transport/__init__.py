@@ -6,7 +6,9 @@
 
 `wrap()` keeps the client's API: `responses.create`/`responses.stream` run over one persistent
 WebSocket session and send `previous_response_id` plus only the new items whenever the history
-allows; every other endpoint stays on HTTP. For a client built elsewhere, pass
+allows; with `wrap(client, chat_completions=True)`, `chat.completions.create` does too (translated
+to `response.create`, answered as `ChatCompletion` / chunks); every other endpoint stays on HTTP.
+For a client built elsewhere, pass
 `httpx2.Client(transport=WebSocketTransport())` (or the async one) as its `http_client`.
 
 Errors: failures the server reports reach the caller as the SDK's own exceptions, exactly as

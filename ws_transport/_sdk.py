@@ -19,6 +19,7 @@ from openai._base_client import make_request_options
 from openai._types import NOT_GIVEN
 from openai._utils import is_given, transform
 from openai.lib._websocket import _WebSocketConnect
+from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from websockets.asyncio.client import ClientConnection
 
@@ -62,9 +63,14 @@ def request_options(kwargs: Mapping[str, Any], extra_headers: Mapping[str, str])
     )
 
 
-def post(resource: Any, options: Any, **kwargs: Any) -> Any:
-    """`POST /responses` through the resource's own request path (retries, parsing, streams)."""
-    return resource._post("/responses", body={}, options=options, **kwargs)
+def post(resource: Any, options: Any, path: str = "/responses", **kwargs: Any) -> Any:
+    """`POST` a prepared turn through the resource's own request path (retries, parsing, streams)."""
+    return resource._post(path, body={}, options=options, **kwargs)
+
+
+def chat_body(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`chat.completions.create` arguments as the JSON body the SDK would send."""
+    return transform(dict(params), CompletionCreateParamsBase)
 
 
 async def connect_websocket(

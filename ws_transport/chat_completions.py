@@ -315,8 +315,10 @@ class ChatPlan:
 class ChatBook:
     """Answered chat turns a session can continue, least recently used dropped first; thread-safe.
 
-    The rule: the call's fields equal a turn's, its messages start with that turn's messages
-    followed by that turn's answer (as the caller appended it back), and something follows.
+    The rule: the call names the same model as a turn, its messages start with that turn's
+    messages followed by that turn's answer (as the caller appended it back), and something
+    follows. Other fields (tools, temperature, ...) may change: they belong to each request, and
+    the conversation, system messages included, is all in the chained items.
     """
 
     capacity: int = 64
@@ -333,7 +335,8 @@ class ChatBook:
             candidates = list(reversed(self._turns.values()))
         for turn in candidates:
             start = len(turn.messages) + 1
-            if start < len(messages) and turn.fields == call.fields and self._continues(turn, messages, normalized):
+            same_model = turn.fields.get("model") == call.fields.get("model")
+            if start < len(messages) and same_model and self._continues(turn, messages, normalized):
                 with self._lock:
                     if turn.response_id in self._turns:
                         self._turns.move_to_end(turn.response_id)

@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx2
@@ -53,13 +53,13 @@ class _Router:
         A turn for another URL than the session's (a copy of the client with another `base_url`)
         goes over HTTP, as does everything when the session has fallen back.
         """
-        if request.method != "POST" or not request.url.path.endswith("/responses"):
-            return None, False
         ticket = request.headers.get(TICKET_HEADER)
+        if request.method != "POST" or not _turn_path(request.url.path, ticket):
+            return None, False
         if ticket is None and self.session.http_only:
             self._count_fallback(len(request.read()), new_turn=True)
             return None, False
-        headers = self.session.bind(request)
+        headers = self.session.bind(request, _responses_endpoint(request.url))
         turn = self._ticket(ticket) if ticket is not None else None
         if headers is None:
             return turn, False
@@ -101,6 +101,21 @@ class _Router:
         return httpx2.Request(request.method, request.url, headers=headers, content=body, extensions=request.extensions)
 
 
+CHAT_PATH = "/chat/completions"
+
+
+def _turn_path(path: str, ticket: str | None) -> bool:
+    """`/responses`, and `/chat/completions` when the wrapped `chat.completions.create` prepared the turn."""
+    return path.endswith("/responses") or (ticket is not None and path.endswith(CHAT_PATH))
+
+
+def _responses_endpoint(url: httpx2.URL) -> httpx2.URL | None:
+    """For a chat call, the `/responses` URL beside it (the socket's URL); None for a `/responses` call."""
+    if not url.path.endswith(CHAT_PATH):
+        return None
+    return url.copy_with(path=url.path[: -len(CHAT_PATH)] + "/responses")
+
+
 def parse_turn(session: Session, request: httpx2.Request) -> TurnRequest | None:
     """A serialized request split against the session's chains (by equality: identity is gone by now)."""
     content = request.read()
@@ -132,8 +147,9 @@ async def _reply(
     try:
         if turn.stream:
             first = await anext(events)
-            return httpx2.Response(200, headers=SSE_HEADERS, stream=_SSEStream(first, events, request), request=request)
-        return _final_reply(await _drain(events), request)
+            stream = _SSEStream(first, events, request, _framer(turn))
+            return httpx2.Response(200, headers=SSE_HEADERS, stream=stream, request=request)
+        return _final_reply(await _drain(events), request, turn)
     except TurnRejected as rejected:
         return error_response(rejected.status, rejected.error, request)
     except UpgradeRejected as rejected:
@@ -153,14 +169,21 @@ async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request) -> httpx2.Response:
+def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
     errors = [e for e in kept if e.get("type") == "error"]
     if errors:
         return error_response(error_status(errors[-1]), error_body(errors[-1]), request)
     final = kept[-1]["response"]
-    return httpx2.Response(
-        200, headers={"content-type": "application/json"}, content=orjson.dumps(final), request=request
-    )
+    content = turn.chat.final(final, turn.recorded) if turn.chat is not None else orjson.dumps(final)
+    return httpx2.Response(200, headers={"content-type": "application/json"}, content=content, request=request)
+
+
+def _framer(turn: TurnRequest) -> Callable[[dict[str, Any]], bytes]:
+    """How the turn's events become SSE bytes: as `/responses` streams them, or as chat chunks."""
+    chat = turn.chat
+    if chat is None:
+        return sse_frame
+    return lambda event: chat.sse(event, turn.recorded)  # the chain is recorded by the terminal event
 
 
 def sse_frame(event: dict[str, Any]) -> bytes:
@@ -187,17 +210,22 @@ class _SSEStream(httpx2.AsyncByteStream):
     """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
 
     def __init__(
-        self, first: dict[str, Any], events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
+        self,
+        first: dict[str, Any],
+        events: AsyncGenerator[dict[str, Any], None],
+        request: httpx2.Request,
+        frame: Callable[[dict[str, Any]], bytes] = sse_frame,
     ) -> None:
         self.first = first
         self.events = events
         self.request = request
+        self.frame = frame
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        yield sse_frame(self.first)
+        yield self.frame(self.first)
         try:
             async for event in self.events:
-                yield sse_frame(event)
+                yield self.frame(event)
         except ConnectionLost as lost:
             raise httpx2.RemoteProtocolError(str(lost), request=self.request) from lost
         except TimeoutError as exc:

@@ -67,6 +67,8 @@ class SessionOptions:
     """Observer: each server event of a turn, before the caller sees it. Observer errors are logged."""
     clock: Callable[[], float] = time.monotonic
     """Seconds from any fixed point; what `max_connection_age_s` is measured with (tests pass their own)."""
+    chat_completions: bool = False
+    """Send `chat.completions.create` calls over the session too (translated to `response.create`)."""
 
 
 @dataclass
@@ -86,6 +88,10 @@ class SessionStats:
     bytes_http_equivalent: int = 0
     reconnects: int = 0
     fallbacks: int = 0
+    chat_turns: int = 0
+    """`chat.completions.create` calls sent over the session (also counted in `turns`)."""
+    chat_fallbacks: dict[str, int] = field(default_factory=dict)
+    """Chat calls left on HTTP, by reason (`"n > 1"`, `"logit_bias"`, ...): they could not be translated faithfully."""
 
     @property
     def bytes_saved(self) -> int:

@@ -22,6 +22,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from . import _sdk
 from .chaining import Chain, ChainBook
+from .chat_completions import ChatBook
 from .connection import Connection
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP, error_code
 from .options import SessionOptions, SessionStats
@@ -68,6 +69,7 @@ class Session:
         self.options = options or SessionOptions()
         self.stats = SessionStats()
         self.chains = ChainBook(self.options.max_chains)
+        self.chat_book = ChatBook(self.options.max_chains)
         self.tickets: dict[str, TurnRequest] = {}
         self.url: str | None = None
         self.user_agent: str | None = None
@@ -86,12 +88,13 @@ class Session:
         """The open sockets, oldest first."""
         return [self._connections[s] for s in self.pool.sockets if s in self._connections]
 
-    def bind(self, request: httpx2.Request) -> Headers | None:
+    def bind(self, request: httpx2.Request, endpoint: httpx2.URL | None = None) -> Headers | None:
         """The upgrade headers (credentials included) for this request's turn; the first request sets the URL.
 
-        Returns None for a request to another URL than the session's: that one goes over HTTP.
+        `endpoint` is the `/responses` URL when the request went elsewhere (a chat call). Returns
+        None for a request to another URL than the session's: that one goes over HTTP.
         """
-        url = self.options.websocket_url or websocket_url(request.url)
+        url = self.options.websocket_url or websocket_url(endpoint or request.url)
         if self.url is None:
             self.url = url
         elif url != self.url:

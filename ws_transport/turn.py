@@ -15,6 +15,7 @@ import orjson
 import pydantic
 
 from .chaining import Chain, Plan, dump_model
+from .chat_replies import ChatReply
 
 TICKET_HEADER = "x-ws-transport-turn"
 """Marks a request whose turn the wrapped `responses.create` already prepared (its body is empty)."""
@@ -57,6 +58,8 @@ class TurnRequest:
     headers: list[tuple[str, str]] = field(default_factory=list)
     """The upgrade headers of the request that carried the turn: its credentials pick the socket."""
     input_nbytes: int = field(default=0, init=False)
+    chat: ChatReply | None = None
+    """Set when the turn carries a `chat.completions.create` call: how its answer is shaped."""
 
     @property
     def chain(self) -> Chain | None:
@@ -69,7 +72,7 @@ class TurnRequest:
     def frame(self, stream_id: str | None, *, chained: bool) -> tuple[bytes, int]:
         """The `response.create` frame and the size the same request would have over HTTP."""
         if not chained:
-            body = self.http_body()
+            body = self.responses_body()
             self.input_nbytes = max(0, len(body) - len(encode_json(self.fields)))
             return _splice(body, stream_id), len(body)
         chain = self.plan.chain
@@ -85,7 +88,11 @@ class TurnRequest:
         return frame, len(frame) + chain.prefix_nbytes
 
     def http_body(self) -> bytes:
-        """The body plain HTTP would send: every field and the whole input."""
+        """The body plain HTTP would send: a chat call's own body, else every field and the whole input."""
+        return self.chat.http_body if self.chat is not None else self.responses_body()
+
+    def responses_body(self) -> bytes:
+        """The whole request as a Responses body: every field and the whole input."""
         if self.http_body_bytes is None:
             self.http_body_bytes = encode_json({**self.fields, "input": self.raw_input, "stream": self.stream})
         return self.http_body_bytes

@@ -16,13 +16,16 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx2
 from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from . import _sdk
+from .chat_wrap import prepare_chat
 from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
 from .options import SessionOptions
 from .portal import Portal
@@ -72,11 +75,37 @@ def _transport_factory(client: OpenAI | AsyncOpenAI, session: Session) -> Callab
     return lambda inner: WebSocketTransport(inner, session=session, portal=portal)
 
 
+@dataclass(frozen=True)
+class _Endpoint:
+    """A resource method that rides the session: how a call becomes a turn, and how the SDK parses the answer."""
+
+    prepare: Callable[[Session, dict[str, Any]], TurnRequest | None]
+    path: str
+    cast_to: type
+    stream_cls: Any
+    async_stream_cls: Any
+
+
+RESPONSES = _Endpoint(
+    lambda session, kwargs: prepare(session, kwargs),
+    "/responses",
+    Response,
+    Stream[ResponseStreamEvent],
+    AsyncStream[ResponseStreamEvent],
+)
+CHAT = _Endpoint(
+    prepare_chat, "/chat/completions", ChatCompletion, Stream[ChatCompletionChunk], AsyncStream[ChatCompletionChunk]
+)
+
+
 def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
-    """Wrap `responses.create` here and on every copy that shares this client's HTTP client."""
-    responses = client.responses
+    """Wrap `responses.create` (and `chat.completions.create` when asked) here and on every copy
+    that shares this client's HTTP client."""
     make = _async_create if isinstance(client, AsyncOpenAI) else _sync_create
-    responses.create = make(responses, session)  # type: ignore[method-assign]
+    client.responses.create = make(client.responses, session, RESPONSES)  # type: ignore[method-assign]
+    if session.options.chat_completions:
+        completions = client.chat.completions
+        completions.create = make(completions, session, CHAT)  # type: ignore[method-assign]
     original_copy = client.copy
 
     @functools.wraps(original_copy)
@@ -89,21 +118,22 @@ def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
     client.copy = client.with_options = copy  # type: ignore[method-assign]
 
 
-def _sync_create(resource: Any, session: Session) -> Callable[..., Any]:
+def _sync_create(resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
     original = resource.create
 
     @functools.wraps(original)
     def create(**kwargs: Any) -> Any:
-        turn = prepare(session, kwargs)
+        turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return original(**kwargs)
         with _ticket(session, turn) as ticket:
             result = _sdk.post(
                 resource,
                 _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
-                cast_to=Response,
+                endpoint.path,
+                cast_to=endpoint.cast_to,
                 stream=turn.stream,
-                stream_cls=Stream[ResponseStreamEvent],
+                stream_cls=endpoint.stream_cls,
             )
         _adopt(session, turn, result)
         return result
@@ -111,21 +141,22 @@ def _sync_create(resource: Any, session: Session) -> Callable[..., Any]:
     return create
 
 
-def _async_create(resource: Any, session: Session) -> Callable[..., Any]:
+def _async_create(resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
     original = resource.create
 
     @functools.wraps(original)
     async def create(**kwargs: Any) -> Any:
-        turn = prepare(session, kwargs)
+        turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return await original(**kwargs)
         with _ticket(session, turn) as ticket:
             result = await _sdk.post(
                 resource,
                 _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
-                cast_to=Response,
+                endpoint.path,
+                cast_to=endpoint.cast_to,
                 stream=turn.stream,
-                stream_cls=AsyncStream[ResponseStreamEvent],
+                stream_cls=endpoint.async_stream_cls,
             )
         _adopt(session, turn, result)
         return result

@@ -246,7 +246,7 @@ class ChatServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunks = reply.chunks(include_usage)
         if not body.get("stream"):
-            return JSONResponse(_non_streaming(chunks))
+            return JSONResponse(_non_streaming(chunks, reply))
         return StreamingResponse(self._sse(chunks, reply), media_type="text/event-stream")
 
     async def _sse(self, chunks: list[dict[str, Any]], reply: Reply) -> AsyncIterator[bytes]:
@@ -267,18 +267,27 @@ def _error(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
-def _non_streaming(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+def _non_streaming(chunks: list[dict[str, Any]], reply: Reply) -> dict[str, Any]:
+    """The chat completion the same chunks add up to: text, tool calls, finish reason, usage."""
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     finish = next(c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": "".join(call.argument_pieces)},
+            }
+            for call in reply.tool_calls
+        ]
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
         "created": CREATED,
         "model": MODEL,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-        ],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage_chunk(*reply.usage)["usage"],
     }
 
 
