@@ -16,12 +16,13 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from . import extensions, http, resources
+from . import extensions, http, metrics, resources
 from .backends import Backend
 from .config import ShimConfig
 from .errors import APIError
 from .ledger import Ledger
 from .limits import RequestLimits
+from .observe import turn_finished
 from .postinference import PostInference
 from .router import Router, build_router
 from .settings import Settings
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     import pluggy
 
 log = logging.getLogger(__name__)
+
+STARTUP_PROBE_S = 5.0
+"""How long start-up waits for the first health probe of the deployments before serving anyway."""
 
 
 @dataclass
@@ -56,6 +60,7 @@ class ShimState:
     def record_turn(self, turn: Turn) -> None:
         self.stats.turns += 1
         self.stats.input_items_received += turn.result.new_items
+        turn_finished(turn)
 
     async def models(self) -> list[str]:
         return await self.env.backend.models()
@@ -102,15 +107,18 @@ def create_app(
         connection = ResponsesConnection(websocket, shim)
         shim.connections.add(connection)
         shim.stats.websocket_connections += 1
+        metrics.CONNECTIONS.inc()
         try:
             await connection.run()
         finally:
             shim.connections.discard(connection)
+            metrics.CONNECTIONS.dec()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if isinstance(env.backend, Router):
             env.backend.start_health_checks()
+            await env.backend.first_probe(STARTUP_PROBE_S)
         await env.post_inference.start()
         yield
         await shim.close_connections()
@@ -130,6 +138,7 @@ def create_app(
         Route("/v1/models", http.list_models, methods=["GET"]),
         Route("/healthz", http.healthz, methods=["GET"]),
         Route("/readyz", http.readyz, methods=["GET"]),
+        Route("/metrics", http.metrics_endpoint, methods=["GET"]),
     ]
     errors = {404: resources.http_error, 405: resources.http_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=errors)
@@ -171,12 +180,12 @@ def build_ledger(settings: Settings) -> Ledger | None:
 
 
 class BearerAuth:
-    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade.
+    """Require `Authorization: Bearer <key>` on every route but the probes and `/metrics`; 401 at the upgrade.
 
     The key's tenant goes into the scope's state (`tenants.scope_tenant`) for the routes.
     """
 
-    OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+    OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
     def __init__(self, app: ASGIApp, keys: Sequence[ApiKey]) -> None:
         self.app = app

@@ -3,42 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .settings import Settings
+from .logs import configure_logging
 
 if TYPE_CHECKING:
-    from .config import ShimConfig
+    from .loading import Loaded
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import serve
 
-    loaded = _serve_settings(args)
-    if isinstance(loaded, str):
-        print(loaded, file=sys.stderr)
-        return 2
-    settings, config = loaded
     if args.workers < 1:
-        print("--workers must be at least 1", file=sys.stderr)
+        print("responses-ws: --workers must be at least 1", file=sys.stderr)
         return 2
-    where = f"{len(config.deployments)} deployment(s) from {args.config}" if config else settings.backend
-    logging.getLogger(__name__).info("serving on %s:%s, backend %s", settings.host, settings.port, where)
-    serve(settings, config=config, log_level=args.log_level.lower(), workers=args.workers)
-    return 0
+    loaded = _load(args.config, _flag_overrides(args))
+    if loaded is None:
+        return 2
+    return serve(loaded, log_level=args.log_level.lower(), workers=args.workers)
 
 
-def _serve_settings(args: argparse.Namespace) -> tuple[Settings, ShimConfig | None] | str:
-    """Settings from the config file, the environment and the flags (flags win), or why they are invalid."""
-    from pydantic import ValidationError
-
-    from .config import ShimConfig
-    from .tenants import load_keys
-
-    overrides = {
+def _flag_overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {
         "host": args.host,
         "port": args.port,
         "backend": args.backend,
@@ -46,46 +34,37 @@ def _serve_settings(args: argparse.Namespace) -> tuple[Settings, ShimConfig | No
         "api_keys_file": args.api_keys_file,
         "store": args.store,
         "backend_api_key": args.backend_api_key,
+        "log_format": args.log_format,
     }
-    config = None
+
+
+def _load(path: str | None, flags: dict[str, object]) -> Loaded | None:
+    """The validated config, or None after printing one line per problem to stderr."""
+    from .loading import ConfigError, load
+
     try:
-        if args.config:
-            try:
-                config = ShimConfig.load(args.config)
-            except (OSError, ValueError, ValidationError) as exc:
-                return f"{args.config}: invalid config\n{exc}"
-            if config.deployments and args.backend:
-                return "--backend and a config with [[deployments]] both name backends: use one"
-            kind_error = _kind_error(config)
-            if kind_error:
-                return f"{args.config}: invalid config\n{kind_error}"
-            settings = config.settings(**overrides)
-        else:
-            settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        return f"invalid settings\n{exc}"
-    try:
-        load_keys(settings.api_keys, settings.api_keys_file)
-    except (OSError, ValueError) as exc:
-        return f"API keys: {exc}"
-    return settings, config if config and config.deployments else None
+        return load(path, flags)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"responses-ws: {problem}", file=sys.stderr)
+        return None
 
 
 def _usage(args: argparse.Namespace) -> int:
     """Totals per tenant and model from the ledger the server settings name (flags override them)."""
     from pathlib import Path
 
-    from pydantic import ValidationError
-
     from .ledger_sinks import RedisStreamSink, SqliteSink
     from .usage_report import parse_since, render, totals
 
+    loaded = _load(None, {"store": args.store, "usage_path": args.usage_path})
+    if loaded is None:
+        return 2
+    settings = loaded.settings
     try:
-        overrides = {"store": args.store, "usage_path": args.usage_path}
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         since = parse_since(args.since) if args.since else None
-    except (ValidationError, ValueError) as exc:
-        print(exc, file=sys.stderr)
+    except ValueError as exc:
+        print(f"responses-ws: --since: {exc}", file=sys.stderr)
         return 2
     redis_ledger = settings.usage_ledger == "redis" or (settings.usage_ledger == "auto" and settings.store != "memory")
     if not redis_ledger and not Path(settings.usage_path).exists():
@@ -107,39 +86,22 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from .config import ShimConfig
-
-    try:
-        config = ShimConfig.load(args.file)
-    except (OSError, ValueError, ValidationError) as exc:
-        print(f"{args.file}: invalid config\n{exc}", file=sys.stderr)
+    loaded = _load(args.file, {})
+    if loaded is None:
         return 2
-    kind_error = _kind_error(config)
-    if kind_error:
-        print(f"{args.file}: invalid config\n{kind_error}", file=sys.stderr)
-        return 2
-    print(f"{args.file}: OK, {len(config.deployments)} deployment(s), policy {config.routing.policy}\n")
+    config, settings = loaded.config, loaded.settings
+    auth = f"auth on ({len(loaded.keys)} key(s))" if loaded.keys else "auth off"
+    print(
+        f"{args.file}: OK, {len(config.deployments)} deployment(s), policy {config.routing.policy}; "
+        f"serves on {settings.host}:{settings.port}, {auth}\n"
+    )
     rows = [("model", "deployment", "backend model", "why"), *config.routing_table()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    for warning in loaded.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
-
-
-def _kind_error(config: ShimConfig) -> str | None:
-    """Why a deployment cannot be built: its kind no loaded plugin provides, or options its factory refuses."""
-    from .extensions import backend_kinds, default_plugin_manager
-    from .router import factory_for
-
-    kinds = backend_kinds(default_plugin_manager())
-    for spec in config.deployments:
-        try:
-            factory_for(spec, kinds)
-        except ValueError as exc:
-            return str(exc)
-    return None
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -180,10 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="responses-ws",
         description="Responses API WebSocket mode for agent loops: a sidecar shim in front of any backend.",
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _add_log_level(parser, default="INFO")
+    # The same flag on every subcommand, so `responses-ws serve --log-level DEBUG` works too.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_log_level(common, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the shim (WebSocket and HTTP on one port)")
+    serve = sub.add_parser("serve", help="run the shim (WebSocket and HTTP on one port)", parents=[common])
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8787)")
     serve.add_argument(
@@ -209,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where store:true responses live: 'memory' (default, per process) or redis://HOST:PORT/DB, shared by "
         "workers and replicas (also RESPONSES_WS_STORE, [server] store)",
     )
-    serve.add_argument("--config", help="TOML file with a [server] table; flags override it")
+    serve.add_argument(
+        "--config", help="TOML file: [server] settings, [[deployments]], [routing]; variables and flags override it"
+    )
+    serve.add_argument("--log-format", choices=["text", "json"], help="'json': one JSON object per log line")
     serve.add_argument(
         "--workers",
         type=int,
@@ -222,13 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run one tool-calling loop over HTTP and over WebSocket on the simulated backend and compare",
+        parents=[common],
     )
     demo.add_argument("--turns", type=int, default=30, help="turns in the loop (default 30)")
     demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
     demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
     demo.set_defaults(func=_demo)
 
-    usage = sub.add_parser("usage", help="usage totals per tenant and model from the usage ledger")
+    usage = sub.add_parser("usage", help="usage totals per tenant and model from the usage ledger", parents=[common])
     usage.add_argument("--since", help="90m, 24h, 7d or an ISO date/time (default: everything)")
     usage.add_argument("--tenant", help="only this tenant id")
     usage.add_argument("--format", choices=["table", "json", "csv"], default="table")
@@ -236,11 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--usage-path", metavar="PATH", help="the SQLite ledger (default: the server's usage_path)")
     usage.set_defaults(func=_usage)
 
-    check = sub.add_parser("check-config", help="validate a config file and print its routing table")
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file and the RESPONSES_WS_* variables as serve would; print the routing table",
+        parents=[common],
+    )
     check.add_argument("file", help="TOML config file")
     check.set_defaults(func=_check_config)
 
-    plugins = sub.add_parser("plugins", help="list loaded plugins and the hooks they implement")
+    plugins = sub.add_parser("plugins", help="list loaded plugins and the hooks they implement", parents=[common])
     plugins.set_defaults(func=_plugins)
 
     # Every argument goes to `python -m benchmarks` as given ('+' prefix: argparse leaves '--x' alone).
@@ -255,11 +228,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default INFO)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "DEBUG":
-        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    configure_logging(args.log_level, "text")
     return int(args.func(args))
 
 

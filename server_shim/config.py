@@ -8,14 +8,24 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from .settings import SIMULATED, Settings
 
 NEEDS_BASE_URL = frozenset({"openai_compatible", "cerebras", "responses"})
 """Built-in kinds that cannot run without a `base_url`; a plugin's kind checks its own settings."""
+
+if TYPE_CHECKING:
+    ServerSection = BaseModel
+else:
+    ServerSection = create_model(
+        "ServerSection",
+        __config__=ConfigDict(extra="forbid"),
+        __doc__="The `[server]` table: the fields of `Settings`, validated from the file alone (no environment).",
+        **{name: (field.annotation, field) for name, field in Settings.model_fields.items()},
+    )
 
 
 class Quirks(BaseModel):
@@ -87,7 +97,7 @@ class RoutingConfig(BaseModel):
 class ShimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    server: dict[str, Any] = Field(default_factory=dict)
+    server: ServerSection = Field(default_factory=ServerSection)
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
 
@@ -109,7 +119,7 @@ class ShimConfig(BaseModel):
         return cls.model_validate(tomllib.loads(Path(path).read_text()))
 
     def settings(self, **overrides: Any) -> Settings:
-        values = dict(self.server)
+        values = self.server.model_dump(exclude_unset=True)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return Settings(**values)
 

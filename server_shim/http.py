@@ -11,6 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from . import metrics
 from .errors import APIError, internal_error, invalid
 from .items import Item
 from .requests import parse_create
@@ -29,6 +30,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def error_response(error: APIError) -> Response:
+    metrics.ERRORS.labels(error.code).inc()
     return json_response({"error": error.body()}, error.status)
 
 
@@ -39,6 +41,7 @@ async def create_response(request: Request) -> Response:
     except APIError as error:
         return error_response(error)
     shim.stats.bytes_received += len(raw)
+    metrics.BYTES_RECEIVED.labels("http").inc(len(raw))
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -114,6 +117,7 @@ def _sse_frame(event: dict[str, Any]) -> bytes:
 def _sse_error(event: dict[str, Any]) -> dict[str, Any]:
     """The HTTP stream's error event is flat (`ResponseErrorEvent`), unlike the WebSocket one."""
     error = event["error"]
+    metrics.ERRORS.labels(error["code"]).inc()
     return {
         "type": "error",
         "sequence_number": event["sequence_number"],
@@ -148,7 +152,9 @@ async def delete_response(request: Request) -> Response:
     try:
         deleted = await shim.env.store.delete(response_id, scope_tenant(request.scope))
     except APIError as error:
+        metrics.STORE_OPERATIONS.labels("delete", "error").inc()
         return error_response(error)
+    metrics.STORE_OPERATIONS.labels("delete", "hit" if deleted else "miss").inc()
     if not deleted:
         return error_response(_not_found(response_id))
     return json_response({"id": response_id, "object": "response", "deleted": True})
@@ -161,7 +167,9 @@ async def stored_response(request: Request) -> ResponseState | APIError:
     try:
         state = await shim.env.store.load(response_id, scope_tenant(request.scope))
     except APIError as error:  # the store is unreachable
+        metrics.STORE_OPERATIONS.labels("load", "error").inc()
         return error
+    metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
     return state if state is not None else _not_found(response_id)
 
 
@@ -220,12 +228,18 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when at least one deployment can take traffic; the body shows each one."""
+    """Ready when at least one deployment has answered and can take traffic; the body shows each one."""
     shim: ShimState = request.app.state.shim
     status = getattr(shim.env.backend, "status", None)
     deployments = status() if status else {shim.env.backend.name: {"available": True}}
-    ready = any(d["available"] for d in deployments.values())
+    ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
     return json_response({"ready": ready, "deployments": deployments}, 200 if ready else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """Prometheus exposition format (`responses_ws_*`); open like the probes, it carries no secrets."""
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)
 
 
 def _not_found(response_id: str) -> APIError:

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 
+from . import metrics
 from .backends.base import Backend, BackendFactory, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
 from .config import DeploymentConfig, RoutingConfig, ShimConfig
 from .errors import BackendError
@@ -39,6 +40,8 @@ class Health:
     limited_until: float = 0.0
     ttft_s: float | None = None
     tokens_per_s: float | None = None
+    answered: bool = False
+    """Whether it has ever answered (a probe or a turn): `/readyz` waits for one that has."""
 
     @property
     def available(self) -> bool:
@@ -52,6 +55,7 @@ class Health:
         return "half_open" if self.consecutive_failures >= self.failure_threshold else "closed"
 
     def success(self, ttft_s: float | None = None, tokens_per_s: float | None = None) -> None:
+        self.answered = True
         self.consecutive_failures = 0
         self.open_until = 0.0
         if ttft_s is not None:
@@ -127,6 +131,8 @@ class Router:
         self.routing = routing
         self.stats = RouterStats()
         self._health_task: asyncio.Task[None] | None = None
+        self._probed = asyncio.Event()
+        self._reachable: dict[str, bool] = {}
 
     async def models(self) -> list[str]:
         aliases = {alias for d in self.deployments.values() for alias in d.models if alias != WILDCARD}
@@ -164,6 +170,8 @@ class Router:
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         candidates = self.candidates(request.model, request.deployment)
+        if request.stages is not None:
+            request.stages.mark("route")
         if not candidates:
             raise BackendError(f"no available deployment serves model {request.model!r}", status=503, retryable=False)
         last_error: BackendError | None = None
@@ -213,38 +221,68 @@ class Router:
             raise
         finally:
             deployment.in_flight -= 1
+            _publish(deployment)
         end = time.perf_counter()
         ttft = (first - start) if first is not None else None
         tps = pieces / (end - first) if first is not None and end > first and pieces > 1 else None
         deployment.health.success(ttft, tps)
+        _publish(deployment)
 
-    async def check_health(self) -> dict[str, bool]:
-        """Probe every deployment once; a success closes its breaker, a failure counts."""
+    async def check_health(self, *, count_failures: bool = True) -> dict[str, bool]:
+        """Probe every deployment once; a success closes its breaker, a failure counts. Changes are logged.
+
+        The start-up probe passes `count_failures=False`: a deployment not up yet is reported (and
+        `/readyz` waits for one that answers), but its breaker starts closed, as it would without a probe.
+        """
         results: dict[str, bool] = {}
         for deployment in self.deployments.values():
+            started = time.perf_counter()
             try:
                 await deployment.backend.models()
-            except BackendError:
-                deployment.health.failure()
+            except BackendError as exc:
+                if count_failures:
+                    deployment.health.failure()
                 results[deployment.name] = False
+                if self._reachable.get(deployment.name) is not False:
+                    log.warning("deployment %r does not answer: %s", deployment.name, exc)
             else:
                 deployment.health.success()
                 results[deployment.name] = True
+                if self._reachable.get(deployment.name) is not True:
+                    ms = (time.perf_counter() - started) * 1000
+                    log.info("deployment %r answers (health probe %.0f ms)", deployment.name, ms)
+            self._reachable[deployment.name] = results[deployment.name]
+            _publish(deployment)
+        if not any(results.values()) and not self._probed.is_set():
+            log.warning("no deployment answers yet: /readyz says 503 until one does")
+        self._probed.set()
         return results
 
     def start_health_checks(self) -> None:
+        """Probe now (start-up), then every `health_interval_s`."""
         if self._health_task is None:
             self._health_task = asyncio.create_task(self._health_loop())
 
+    async def first_probe(self, timeout_s: float) -> None:
+        """Wait (bounded) for the start-up probe, so the first `/readyz` already knows."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._probed.wait(), timeout_s)
+
     async def _health_loop(self) -> None:
+        first = True
         while True:
+            try:
+                await self.check_health(count_failures=not first)
+            except Exception:
+                log.exception("health probe failed unexpectedly")
+            first = False
             await asyncio.sleep(self.routing.health_interval_s)
-            await self.check_health()
 
     def status(self) -> dict[str, dict[str, object]]:
         return {
             d.name: {
                 "available": d.health.available,
+                "answered": d.health.answered,
                 "breaker": d.health.state,
                 "in_flight": d.in_flight,
                 "ttft_s": d.health.ttft_s,
@@ -262,6 +300,10 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments.values()), return_exceptions=True)
+
+
+def _publish(deployment: Deployment) -> None:
+    metrics.BREAKER.labels(deployment.name).set(metrics.BREAKER_STATES[deployment.health.state])
 
 
 def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router:

@@ -12,14 +12,20 @@ import threading
 import orjson
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.supervisors import Multiprocess
 from websockets.frames import Frame, Opcode
 
+from . import metrics
 from .app import ShimState, create_app
 from .config import ShimConfig
+from .loading import Loaded
+from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
 from .ws import CLOSE_MESSAGE_TOO_BIG, too_large_error
+
+log = logging.getLogger("responses_ws")
 
 
 class ShimServer(uvicorn.Server):
@@ -34,8 +40,6 @@ class ShimServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-log = logging.getLogger(__name__)
-
 WORKER_ENV = "RESPONSES_WS_WORKER_SETUP"
 """How `serve --workers N` hands the parent's settings and config to each worker process."""
 
@@ -47,7 +51,16 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
     before reading its payload, and closes with 1009; the app never sees that frame, so the
     `message_too_large` event (the same one the app sends for frames it refuses) is written here,
     just ahead of the close frame. Responses in flight on that connection are cut.
+
+    It also counts a finished denial response (our 401 for a wrong key) as the end of the handshake:
+    uvicorn sends the `websocket.http.response` denial correctly but then logs "ASGI callable
+    returned without completing handshake" at ERROR for it, and a refused key is not a server error.
     """
+
+    async def send(self, message: ASGISendEvent) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True
 
     def handle_parser_exception(self) -> None:
         sent = self.conn.close_sent
@@ -81,41 +94,100 @@ def uvicorn_config(app: Starlette | str, settings: Settings, **kwargs: object) -
     )
 
 
-def serve(settings: Settings, *, config: ShimConfig | None = None, log_level: str = "info", workers: int = 1) -> None:
+def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
+    """Bind first (a port in use is one clear line, before anything starts), say what runs, then serve."""
+    settings = loaded.settings
+    configure_logging(log_level.upper(), settings.log_format)
+    try:
+        sock = bind(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc.strerror or exc)
+        return 1
+    for line in startup_summary(loaded, sock.getsockname()[1], workers):
+        log.info("%s", line)
+    for warning in loaded.warnings:
+        log.warning("%s", warning)
     if workers > 1:
-        serve_workers(settings, config=config, log_level=log_level, workers=workers)
-        return
-    app = create_app(settings, config=config)
-    server = ShimServer(uvicorn_config(app, settings, log_level=log_level), app.state.shim)
+        serve_workers(loaded, sock, log_level=log_level, workers=workers)
+        return 0
+    app = create_app(settings, config=loaded.config)
+    config = uvicorn_config(app, settings, log_level=log_level, log_config=uvicorn_log_config())
+    server = ShimServer(config, app.state.shim)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
-        asyncio.run(server.serve())
+        asyncio.run(server.serve(sockets=[sock]))
+    return 0
 
 
-def serve_workers(settings: Settings, *, config: ShimConfig | None, log_level: str, workers: int) -> None:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (IPv4 or IPv6, as the host resolves); raises OSError."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def startup_summary(loaded: Loaded, port: int, workers: int = 1) -> list[str]:
+    """What an operator needs to see once: where it listens, what it routes to, whether auth is on."""
+    settings = loaded.settings
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    processes = f", {workers} worker processes" if workers > 1 else ""
+    lines = [f"listening on http://{host}:{port} (WebSocket ws://{host}:{port}/v1/responses{processes})"]
+    source = f"from {loaded.path}" if loaded.from_file else "from --backend"
+    for d in loaded.config.deployments:
+        target = f" at {d.base_url}" if d.base_url else ""
+        models = ", ".join(f"{alias}->{model}" if alias != model else alias for alias, model in d.models.items())
+        lines.append(f"deployment {d.name!r} ({d.kind}{target}) serves models {models} [{source}]")
+    keys = len(loaded.keys)
+    lines.append(f"auth on: {keys} api key(s)" if keys else "auth off: no api key is required")
+    return lines
+
+
+def serve_workers(loaded: Loaded, sock: socket.socket, *, log_level: str, workers: int) -> None:
     """N processes accepting on one socket, uvicorn's own way; each builds the app from the parent's setup.
 
     Connection caches are per process; a client whose new connection lands on another worker
     continues from the response store, so that store must be shared (Redis) for it to work.
+    Metrics are summed over the workers through prometheus-client's multiprocess directory.
     """
+    settings = loaded.settings
     if settings.store == "memory":
         log.warning(
             "--workers %d with the memory store: stored responses are per worker, so a connection that lands on "
             "another worker cannot continue them; use --store redis://HOST:PORT/DB to share them",
             workers,
         )
-    setup = {"settings": settings.model_dump(mode="json"), "config": config.model_dump(mode="json") if config else None}
+    setup = {
+        "settings": settings.model_dump(mode="json"),
+        "config": loaded.config.model_dump(mode="json"),
+        "log_level": log_level.upper(),
+    }
     os.environ[WORKER_ENV] = orjson.dumps(setup).decode()
-    uv_config = uvicorn_config(f"{__name__}:worker_app", settings, factory=True, workers=workers, log_level=log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        Multiprocess(uv_config, sockets=[uv_config.bind_socket()]).run()
+    uv_config = uvicorn_config(
+        f"{__name__}:worker_app",
+        settings,
+        factory=True,
+        workers=workers,
+        log_level=log_level,
+        log_config=uvicorn_log_config(),
+    )
+    with metrics.multiprocess_dir(), contextlib.suppress(KeyboardInterrupt):
+        Multiprocess(uv_config, sockets=[sock]).run()
 
 
 def worker_app() -> Starlette:
     """The app of one `--workers` process (uvicorn calls this factory in each child)."""
     setup = orjson.loads(os.environ[WORKER_ENV])
     settings = Settings.model_validate(setup["settings"])
-    config = ShimConfig.model_validate(setup["config"]) if setup["config"] else None
-    return create_app(settings, config=config)
+    configure_logging(setup["log_level"], settings.log_format)
+    metrics.on_worker_exit()
+    return create_app(settings, config=ShimConfig.model_validate(setup["config"]))
 
 
 class BackgroundServer:

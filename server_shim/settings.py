@@ -14,18 +14,21 @@ SIMULATED = "simulated"
 
 
 class Settings(BaseSettings):
-    """Everything the shim needs to run; every field can be set by env var `RESPONSES_WS_<NAME>`."""
+    """Everything the shim needs to run; every field can be set by env var `RESPONSES_WS_<NAME>`.
+
+    List settings (`RESPONSES_WS_API_KEYS`) take entries separated by commas or newlines, or a JSON list.
+    """
 
     model_config = SettingsConfigDict(env_prefix="RESPONSES_WS_", extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = 8787
+    port: int = Field(default=8787, ge=0, le=65535)
     backend: str = Field(
         default=SIMULATED,
         description="'simulated' or the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
     )
     backend_api_key: str | None = None
-    backend_timeout_s: float = 300.0
+    backend_timeout_s: float = Field(default=300.0, gt=0)
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Bearer keys clients must present, each 'KEY' or 'TENANT KEY'; from the environment a JSON "
@@ -36,7 +39,7 @@ class Settings(BaseSettings):
     )
     default_model: str = "simulated-1"
 
-    max_frame_bytes: int = 4 * 1024 * 1024
+    max_frame_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_body_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 64
     max_input_items: int = 5_000
@@ -44,14 +47,14 @@ class Settings(BaseSettings):
     max_reference_bytes: int = 4 * 1024 * 1024
     max_tools: int = 128
     max_tool_schema_depth: int = 32
-    connection_max_age_s: float = 3600.0
-    max_lanes: int = 32
-    max_in_flight: int = 16
-    drain_timeout_s: float = 30.0
+    connection_max_age_s: float = Field(default=3600.0, gt=0)
+    max_lanes: int = Field(default=32, ge=1)
+    max_in_flight: int = Field(default=16, ge=1)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
 
-    cache_max_responses: int = 256
-    cache_max_bytes: int = 64 * 1024 * 1024
-    store_max_responses: int = 10_000
+    cache_max_responses: int = Field(default=256, ge=1)
+    cache_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    store_max_responses: int = Field(default=10_000, ge=1)
     store: str = Field(
         default="memory",
         description="'memory' (per process) or a Redis URL shared by workers and replicas, e.g. redis://127.0.0.1:6379/0",
@@ -71,8 +74,12 @@ class Settings(BaseSettings):
     )
     usage_flush_interval_s: float = Field(default=0.2, gt=0, description="how often accepted records are written")
 
-    simulated_ttft_s: float = 0.0
-    simulated_tokens_per_s: float = 0.0
+    simulated_ttft_s: float = Field(default=0.0, ge=0)
+    simulated_tokens_per_s: float = Field(default=0.0, ge=0)
+
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="'json': one JSON object per log line (the per-response line included)"
+    )
 
     @field_validator("store")
     @classmethod
@@ -84,12 +91,19 @@ class Settings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        """`RESPONSES_WS_API_KEYS` may be a JSON list or plain entries separated by commas or newlines."""
-        if not isinstance(value, str):
-            return value
-        if value.lstrip().startswith("["):
+        return split_list(value)
+
+
+def split_list(value: Any) -> Any:
+    """A JSON list or entries separated by commas or newlines (the environment); a list passes through."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
             return orjson.loads(value)
-        return [entry.strip() for entry in value.replace(",", "\n").splitlines() if entry.strip()]
+        except orjson.JSONDecodeError:
+            return value  # reported by validation as "expected a valid list"
+    return [entry.strip() for entry in value.replace(",", "\n").splitlines() if entry.strip()]
 
 
 def _state_dir() -> Path:

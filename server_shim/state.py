@@ -6,6 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import metrics
 from .items import Item
 from .render import ChatPrompt
 from .tools import ChatTools
@@ -74,6 +75,7 @@ class ConnectionCache:
         while len(self._states) > 1 and (len(self._states) > self.max_responses or self._bytes > self.max_bytes):
             _, oldest = self._states.popitem(last=False)
             self._bytes -= oldest.size
+            metrics.CACHE_EVICTIONS.labels("capacity").inc()
 
     def evict(self, response_id: str) -> None:
         state = self._states.pop(response_id, None)

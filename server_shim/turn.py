@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import metrics
 from .backends.base import Backend, BackendRequest
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, previous_response_not_found
@@ -24,6 +25,7 @@ from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import Classifier, Validator, run_classifiers, run_validators
+from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
 from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
@@ -64,11 +66,15 @@ class _Plan:
 
 @dataclass
 class TurnResult:
-    """How the turn ended, for callers that need more than the events."""
+    """How the turn ended, for callers that need more than the events (metrics, the log line)."""
 
     response: dict | None = None
     error: APIError | None = None
     new_items: int = 0
+    deployment: str | None = None
+    stages: StageClock = field(default_factory=StageClock)
+    plugin_s: dict[str, float] = field(default_factory=dict)
+    """Seconds in validators and in classifiers, included in the `validate` stage."""
 
 
 class Turn:
@@ -108,12 +114,18 @@ class Turn:
             return
         if not self.env.serves_model(self.request.model):
             raise APIError(404, "model_not_found", f"The model '{self.request.model}' does not exist.", "model")
+        stages = self.result.stages
         previous = await self._resolve_previous()
+        stages.mark("resolve")
         new_items = expand_compactions(normalize_input(self.request.input))
         known_calls = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
+        started = stages.clock()
         await run_validators(self.env.validators, new_items, previous, self.request)
+        validated = stages.clock()
         labels = await run_classifiers(self.env.classifiers, new_items)
+        self.result.plugin_s = {"validator": validated - started, "classifier": stages.clock() - validated}
+        stages.mark("validate")
         expanded = resolve_references(new_items, previous.output_items if previous else [])
         if expanded is not new_items:
             check_reference_bytes(new_items, expanded, self.env.limits)
@@ -140,6 +152,7 @@ class Turn:
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
+        stages.mark("render")
 
     @property
     def prompt(self) -> ChatPrompt:
@@ -167,6 +180,8 @@ class Turn:
 
         assembler = OutputAssembler(self.seq)
         steered = False
+        stages = self.result.stages
+        stages.restart()
         if request.generate is not False:
             backend_request = BackendRequest(
                 model=request.model,
@@ -182,6 +197,7 @@ class Turn:
                 connection_id=self.connection_id,
                 prefix_messages=plan.prefix_messages,
                 carry=plan.carry,
+                stages=stages,
             )
             failure: BackendError | None = None
             try:
@@ -193,6 +209,7 @@ class Turn:
                         if self._first_token is None:
                             self._first_token = time.monotonic()
                         for event in assembler.feed(delta):
+                            stages.mark_first_token()
                             yield event
                         if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
                             steered = True  # a safe output boundary: stop here, the successor takes the input
@@ -202,7 +219,8 @@ class Turn:
             except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
                 log.exception("backend %s raised unexpectedly", self.env.backend.name)
                 failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
-            self._deployment = backend_request.deployment
+            stages.mark("stream" if stages.first_token is not None else "backend_ttft")
+            self._deployment = self.result.deployment = backend_request.deployment
             if failure is not None:
                 for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
@@ -216,6 +234,7 @@ class Turn:
         incomplete = reason is not None
         for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
             yield event
+        stages.restart()
         final = response_object(
             response_id,
             request,
@@ -228,6 +247,7 @@ class Turn:
         )
         await self._finalize(final, plan)
         self.result.response = final
+        stages.mark("finalize")
         self.env.post_inference.submit(final, self._info())  # before the client has it: usage is never lost
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
 
@@ -248,10 +268,14 @@ class Turn:
         if previous_id is None:
             return None
         state = self.cache.get(previous_id) if self.cache is not None else None
+        if state is not None:
+            metrics.CACHE_LOOKUPS.labels("hit").inc()
+            return state
+        state = await self.env.store.load(previous_id, self.tenant)
+        metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
+        metrics.CACHE_LOOKUPS.labels("miss" if state is None else "store").inc()
         if state is None:
-            state = await self.env.store.load(previous_id, self.tenant)
-            if state is None:
-                raise previous_response_not_found(previous_id)
+            raise previous_response_not_found(previous_id)
         return state
 
     def _chat_tools(self, previous: ResponseState | None) -> ChatTools:
@@ -276,6 +300,7 @@ class Turn:
         error = exc.api_error()
         if self.request.previous_response_id and self.cache is not None:
             self.cache.evict(self.request.previous_response_id)
+            metrics.CACHE_EVICTIONS.labels("failed_turn").inc()
         events = assembler.close("incomplete")
         failed = response_object(
             response_id,
@@ -313,4 +338,7 @@ class Turn:
             try:
                 await self.env.store.save(state)
             except APIError as error:  # the store is away: this connection can still continue from its cache
+                metrics.STORE_OPERATIONS.labels("save", "error").inc()
                 log.warning("response %s completed but not stored: %s", state.id, error)
+            else:
+                metrics.STORE_OPERATIONS.labels("save", "ok").inc()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from . import metrics
 from .errors import APIError, internal_error, invalid
 from .events import new_id
 from .items import normalize_input
@@ -76,6 +77,7 @@ class ResponsesConnection:
             age_limit.cancel()
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
+            metrics.CACHE_BYTES.dec(self.cache.nbytes)
             try:
                 await self.shim.env.backend.release(self.id)
             except Exception:
@@ -90,6 +92,7 @@ class ResponsesConnection:
             data = text if text is not None else message.get("bytes") or b""
             size = _nbytes(data)
             self.shim.stats.bytes_received += size
+            metrics.BYTES_RECEIVED.labels("websocket").inc(size)
             if size > self.settings.max_frame_bytes:
                 self._start_close(CLOSE_MESSAGE_TOO_BIG, too_large_error(self.settings.max_frame_bytes))
                 continue
@@ -122,6 +125,7 @@ class ResponsesConnection:
                 await self.send(_with_lane(limit.event(), stream_id))
                 return
             lane = self._lanes[stream_id] = _Lane()
+            metrics.LANES.inc()
         lane.queue.put_nowait(request)
         if lane.worker is None:
             lane.worker = asyncio.create_task(self._run_lane(stream_id, lane))
@@ -139,6 +143,7 @@ class ResponsesConnection:
         finally:
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
+                metrics.LANES.dec()
 
     async def _run_turn(
         self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
@@ -151,6 +156,7 @@ class ResponsesConnection:
                 request = request.model_copy(update={"input": steered_input(steers) + normalize_input(request.input)})
         turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
         slot: SteerSlot | None = None
+        cached_bytes = self.cache.nbytes
         try:
             async with contextlib.aclosing(turn.events()) as events:
                 async for event in events:
@@ -168,6 +174,7 @@ class ResponsesConnection:
             log.exception("turn failed unexpectedly")
             await self.send(_with_lane(internal_error().event(), stream_id))
         finally:
+            metrics.CACHE_BYTES.inc(self.cache.nbytes - cached_bytes)
             self.shim.record_turn(turn)
         if slot is not None:
             await self._after_steerable(turn, slot, stream_id)
@@ -182,6 +189,8 @@ class ResponsesConnection:
             await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
     async def send(self, event: dict[str, Any]) -> None:
+        if event["type"] == "error":
+            metrics.ERRORS.labels(event["error"]["code"]).inc()
         text = orjson.dumps(event).decode()
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:

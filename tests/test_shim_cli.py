@@ -139,3 +139,95 @@ def test_bench_runs_the_checkouts_benchmarks_in_their_own_process():
     result = run("bench", "--help")
     assert result.returncode == 0, result.stderr
     assert "python -m benchmarks" in result.stdout
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}, **extra}
+
+
+def test_check_config_and_serve_list_every_problem_one_line_each_and_never_a_traceback(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[server]\nport = "abc"\nhost = 5\nprot = 8787\n')
+    for args in (["check-config", str(config)], ["serve", "--config", str(config)]):
+        result = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=30, env=clean_env())
+        assert result.returncode == 2, result
+        lines = result.stderr.splitlines()
+        assert len(lines) == 3 and "Traceback" not in result.stderr
+        assert f"{config}: server.port: expected a valid integer" in lines[1]
+        assert lines[2] == f"responses-ws: {config}: server.prot: unknown key (did you mean 'port'?)"
+
+
+def test_a_bad_variable_is_one_line_naming_it():
+    result = subprocess.run(
+        [str(SCRIPT), "serve"], capture_output=True, text=True, timeout=30, env=clean_env(RESPONSES_WS_PORT="abc")
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("responses-ws: environment: RESPONSES_WS_PORT: expected a valid integer")
+    assert len(result.stderr.splitlines()) == 1
+
+
+async def test_serve_says_where_it_listens_what_it_routes_to_and_that_auth_is_on_and_a_refused_key_logs_no_error():
+    port = closed_port()
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), "--log-level", "info"],  # the global flag after the subcommand
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(RESPONSES_WS_API_KEYS="k1,k2"),  # comma-separated list from the environment
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+        base_url = f"http://127.0.0.1:{port}/v1"
+        async with AsyncOpenAI(base_url=base_url, api_key="wrong", max_retries=0) as sdk:
+            with pytest.raises(Exception, match="401"):
+                async with sdk.responses.connect() as conn:
+                    await run_turn(conn, input="hi", store=False)
+        async with AsyncOpenAI(base_url=base_url, api_key="k2", max_retries=0) as sdk, sdk.responses.connect() as conn:
+            completed_ok(await run_turn(conn, input="hi", store=False))
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    output = process.stdout.read()
+    assert f"listening on http://127.0.0.1:{port} (WebSocket ws://127.0.0.1:{port}/v1/responses" in output
+    assert "deployment 'simulated' (simulated) serves models simulated-1" in output
+    assert "auth on: 2 api key(s)" in output
+    assert '"WebSocket /v1/responses" 401' in output
+    assert " ERROR " not in output and "Traceback" not in output, output
+    assert "k1" not in output and "k2" not in output.replace(f":{port}", ""), "no key in any log line"
+
+
+def test_a_port_in_use_is_one_clear_error_line():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run("serve", "--port", str(port))
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in lines[0], lines
+
+
+async def test_an_unreachable_backend_is_reported_at_startup_and_readyz_waits_for_an_answer():
+    port = closed_port()
+    backend = f"http://127.0.0.1:{closed_port()}/v1"
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), "--backend", backend, "--host", "0.0.0.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+        ready = httpx2.get(f"http://127.0.0.1:{port}/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["deployments"]["default"]["answered"] is False
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    output = process.stdout.read()
+    assert "WARNING responses_ws: listening on 0.0.0.0 with no api key" in output
+    assert "deployment 'default' does not answer" in output
+    assert "no deployment answers yet: /readyz says 503 until one does" in output

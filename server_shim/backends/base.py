@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..render import ChatPrompt, encode
+from ..stages import StageClock
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class BackendRequest:
     carry: dict[str, Any] = field(default_factory=dict)
     """What a backend keeps for the conversation between turns (an upstream response id, say):
     in, the previous turn's; out, this turn's. Empty when the route changed deployment."""
+    stages: StageClock | None = None
+    """The turn's stage clock: a router marks the end of `route` on it; backends leave it alone."""
 
     def body(self, *, stream: bool = True, extra: dict[str, Any] | None = None) -> bytes:
         """The Chat Completions JSON body; the history is joined from cached bytes."""

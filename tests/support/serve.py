@@ -72,9 +72,10 @@ def wait_healthy(port: int, process: subprocess.Popen[str], timeout: float = 20)
     raise AssertionError("serve did not become healthy")
 
 
-def stop_cleanly(process: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+def stop_cleanly(process: subprocess.Popen[str], sig: int = signal.SIGINT) -> str:
     """uvicorn shuts down gracefully, then re-raises the signal so the exit status tells what stopped it."""
     process.send_signal(sig)
     assert process.wait(15) in (0, -sig)
     output = process.stdout.read()
     assert "Traceback" not in output, output
+    return output

@@ -1,0 +1,151 @@
+"""Prometheus metrics (`GET /metrics`), all named `responses_ws_*`.
+
+Recorded where the facts are known once: a finished turn's stages and tokens by `observe_turn`
+(called by the app when the WebSocket or HTTP path is done with a turn), connections and lanes by
+the connection loop, cache and store traffic by the turn, breaker state by the router.
+
+Several worker processes: set `PROMETHEUS_MULTIPROC_DIR` to an empty directory shared by the
+workers before they start (prometheus-client's multiprocess mode); `/metrics` then sums every
+worker's values. Gauges say how they combine (`livesum`: the sum over live workers; `max`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+
+disable_created_metrics()  # no `*_created` series: a dashboard never uses them and they double the output
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+STAGES = ("resolve", "validate", "render", "route", "backend_ttft", "stream", "finalize")
+"""A turn's stages in order; `backend_ttft` and `stream` are the backend's time, the rest the shim's."""
+SHIM_STAGES = ("resolve", "validate", "render", "route", "finalize")
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+TURNS = Counter(
+    "responses_ws_turns",
+    "Responses created, by transport, deployment and final status",
+    ["transport", "deployment", "status"],
+)
+STAGE_SECONDS = Histogram(
+    "responses_ws_turn_stage_seconds",
+    "Time per turn in each stage of the pipeline",
+    ["stage"],
+    buckets=sorted({*_FAST, *_SLOW}),
+)
+SHIM_OVERHEAD_SECONDS = Histogram(
+    "responses_ws_shim_overhead_seconds",
+    "Time per turn spent in the shim's own stages (resolve, validate, render, route, finalize)",
+    buckets=_FAST,
+)
+TTFT_SECONDS = Histogram(
+    "responses_ws_time_to_first_token_seconds",
+    "From the request to the first output delta",
+    ["deployment"],
+    buckets=_SLOW,
+)
+TURN_SECONDS = Histogram(
+    "responses_ws_turn_duration_seconds", "From the request to the terminal event", ["deployment"], buckets=_SLOW
+)
+TOKENS = Counter("responses_ws_tokens", "Tokens by deployment and kind (input, cached, output)", ["deployment", "kind"])
+PLUGIN_SECONDS = Histogram(
+    "responses_ws_plugin_seconds", "Time per turn in validators and classifiers", ["kind"], buckets=_FAST
+)
+CONNECTIONS = Gauge("responses_ws_active_connections", "Open WebSocket connections", multiprocess_mode="livesum")
+LANES = Gauge(
+    "responses_ws_active_lanes", "Lanes (stream_id queues) with work, over all connections", multiprocess_mode="livesum"
+)
+CACHE_LOOKUPS = Counter(
+    "responses_ws_cache_lookups",
+    "previous_response_id lookups: hit (connection cache), store (loaded from the response store), miss",
+    ["result"],
+)
+CACHE_EVICTIONS = Counter("responses_ws_cache_evictions", "Responses dropped from connection caches", ["reason"])
+CACHE_BYTES = Gauge(
+    "responses_ws_cache_bytes", "Bytes held by the connection caches (size estimate)", multiprocess_mode="livesum"
+)
+STORE_OPERATIONS = Counter("responses_ws_store_operations", "Response store reads and writes", ["operation", "result"])
+BREAKER = Gauge(
+    "responses_ws_deployment_breaker_state",
+    "Circuit breaker per deployment: 0 closed, 1 half open, 2 open",
+    ["deployment"],
+    multiprocess_mode="max",
+)
+ERRORS = Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"])
+BYTES_RECEIVED = Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"])
+
+
+def observe_turn(
+    transport: str,
+    deployment: str,
+    status: str,
+    stages: Mapping[str, float],
+    usage: Mapping[str, int],
+    ttft_s: float | None,
+    duration_s: float,
+) -> None:
+    """One finished turn: counted once, its stages observed once, whatever path it took."""
+    TURNS.labels(transport, deployment, status).inc()
+    for stage, seconds in stages.items():
+        STAGE_SECONDS.labels(stage).observe(seconds)
+    SHIM_OVERHEAD_SECONDS.observe(sum(stages.get(stage, 0.0) for stage in SHIM_STAGES))
+    if ttft_s is not None:
+        TTFT_SECONDS.labels(deployment).observe(ttft_s)
+    TURN_SECONDS.labels(deployment).observe(duration_s)
+    for kind, count in usage.items():
+        if count:
+            TOKENS.labels(deployment, kind).inc(count)
+
+
+@contextlib.contextmanager
+def multiprocess_dir() -> Iterator[str]:
+    """`PROMETHEUS_MULTIPROC_DIR` for worker processes started inside: the operator's, or a fresh one removed after.
+
+    Must be set before the workers import prometheus-client; uvicorn starts them fresh (spawn), so they do.
+    """
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="responses-ws-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def on_worker_exit() -> None:
+    """In a worker: when it exits, drop its `livesum` gauges (open connections) from the shared sums."""
+    if os.environ.get(MULTIPROC_ENV):
+        atexit.register(multiprocess.mark_process_dead, os.getpid())
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text for `/metrics`: this process, or every worker's in multiprocess mode."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

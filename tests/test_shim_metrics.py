@@ -1,0 +1,164 @@
+"""`GET /metrics` and the per-response log line, read after real turns from the official SDK.
+
+The registry is per process and shared by every server a test session starts, so each test
+compares a scrape before with a scrape after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx2
+import pytest
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+from support.wire import API_KEY, MODEL, completed_ok, run_turn
+
+from server_shim.logs import JsonFormatter
+from server_shim.metrics import STAGES
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(server) -> Samples:
+    reply = httpx2.get(server.base_url.removesuffix("/v1") + "/metrics")
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(reply.text)
+        for sample in family.samples
+    }
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def test_turns_stages_tokens_cache_and_errors_are_counted_once_per_turn(make_server):
+    server = make_server(api_keys=[API_KEY])
+    before = scrape(server)
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="hello", store=True)
+            completed_ok(first)
+            assert delta(before, scrape(server), "responses_ws_active_connections") == 1
+            completed_ok(await run_turn(conn, input="again", previous_response_id=first.id, store=False))
+            refused = await run_turn(conn, input="x", previous_response_id="resp_unknown", store=False)
+            assert refused.error is not None
+        await sdk.responses.create(model=MODEL, input="over http", store=False)
+    after = scrape(server)
+
+    assert (
+        delta(
+            before, after, "responses_ws_turns_total", transport="websocket", deployment="simulated", status="completed"
+        )
+        == 2
+    )
+    assert (
+        delta(before, after, "responses_ws_turns_total", transport="http", deployment="simulated", status="completed")
+        == 1
+    )
+    for stage in STAGES:
+        assert delta(before, after, "responses_ws_turn_stage_seconds_count", stage=stage) == 3, stage
+    assert delta(before, after, "responses_ws_shim_overhead_seconds_count") == 3
+    assert delta(before, after, "responses_ws_time_to_first_token_seconds_count", deployment="simulated") == 3
+    assert delta(before, after, "responses_ws_tokens_total", deployment="simulated", kind="output") > 0
+    assert delta(before, after, "responses_ws_tokens_total", deployment="simulated", kind="input") > 0
+    assert delta(before, after, "responses_ws_cache_lookups_total", result="hit") == 1
+    assert delta(before, after, "responses_ws_cache_lookups_total", result="miss") == 1
+    assert delta(before, after, "responses_ws_store_operations_total", operation="save", result="ok") == 1
+    assert delta(before, after, "responses_ws_errors_total", code="previous_response_not_found") == 1
+    assert delta(before, after, "responses_ws_plugin_seconds_count", kind="validator") == 3
+    assert delta(before, after, "responses_ws_active_connections") == 0
+    assert delta(before, after, "responses_ws_received_bytes_total", transport="websocket") > 0
+    assert after[("responses_ws_deployment_breaker_state", (("deployment", "simulated"),))] == 0
+
+
+async def test_metrics_need_no_key_and_show_no_secret(make_server):
+    server = make_server(api_keys=["sk-secret-123"])
+    reply = httpx2.get(server.base_url.removesuffix("/v1") + "/metrics")
+    assert reply.status_code == 200
+    assert "sk-secret-123" not in reply.text
+
+
+async def test_one_info_line_per_finished_response_with_its_facts_and_no_key(make_server, caplog):
+    server = make_server(api_keys=["alice sk-alice-1"])
+    caplog.set_level(logging.INFO, logger="responses_ws.responses")
+    async with (
+        AsyncOpenAI(base_url=server.base_url, api_key="sk-alice-1", max_retries=0) as sdk,
+        sdk.responses.connect() as conn,
+    ):
+        turn = await run_turn(conn, input="hello", store=False)
+        completed_ok(turn)
+    records = [r for r in caplog.records if r.name == "responses_ws.responses"]
+    assert len(records) == 1
+    fields = records[0].fields
+    assert fields["tenant"] == "alice" and fields["response"] == turn.id
+    assert fields["connection"].startswith("conn_") and fields["deployment"] == "simulated"
+    assert fields["transport"] == "websocket" and fields["status"] == "completed"
+    assert fields["output_tokens"] == turn.response["usage"]["output_tokens"]
+    assert fields["ttft_ms"] is not None and fields["duration_ms"] >= fields["ttft_ms"]
+    line = JsonFormatter().format(records[0])
+    parsed = json.loads(line)
+    assert parsed["level"] == "INFO" and parsed["response"] == turn.id and parsed["tenant"] == "alice"
+    assert "sk-alice-1" not in line
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_serve_logs_in_the_format_asked(fmt, serve_process):
+    from support.chat_server import closed_port
+    from support.serve import stop_cleanly, wait_healthy
+
+    port = closed_port()
+    process = serve_process("--port", str(port), "--log-format", fmt, "--log-level", "INFO")
+    wait_healthy(port, process)
+    reply = httpx2.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": MODEL, "input": "hi", "store": False})
+    assert reply.status_code == 200
+    output = stop_cleanly(process)
+    lines = [line for line in output.splitlines() if "responses_ws.responses" in line]
+    assert len(lines) == 1, output
+    if fmt == "json":
+        record = json.loads(lines[0])
+        assert record["response"] == reply.json()["id"] and record["transport"] == "http"
+    else:
+        assert f"response={reply.json()['id']}" in lines[0] and "transport=http" in lines[0]
+
+
+def test_with_workers_every_scrape_sums_all_of_them(serve_process):
+    from support.chat_server import closed_port
+    from support.serve import stop_cleanly, wait_healthy
+
+    port = closed_port()
+    process = serve_process("--port", str(port), "--workers", "2")
+    wait_healthy(port, process)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(6):  # new connections each time: the kernel spreads them over both workers
+        with httpx2.Client() as http:
+            assert http.post(base + "/v1/responses", json={"model": MODEL, "input": "hi", "store": False}).is_success
+    for _ in range(3):
+        with httpx2.Client() as http:
+            families = {f.name: f for f in text_string_to_metric_families(http.get(base + "/metrics").text)}
+        turns = sum(s.value for s in families["responses_ws_turns"].samples if s.name == "responses_ws_turns_total")
+        assert turns == 6
+    stop_cleanly(process)
+
+
+def test_the_example_dashboard_uses_only_metrics_the_shim_exports(make_server):
+    import re
+    from pathlib import Path
+
+    server = make_server()
+    families = text_string_to_metric_families(httpx2.get(server.base_url.removesuffix("/v1") + "/metrics").text)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    exported = {f.name + suffix for f in families for suffix in suffixes.get(f.type, ("",))}
+    dashboard = json.loads((Path(__file__).parent.parent / "examples" / "grafana-dashboard.json").read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bresponses_ws_[a-z_]+", target["expr"])
+    }
+    assert len(used) >= 12
+    assert used <= exported, used - exported
