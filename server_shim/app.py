@@ -101,6 +101,7 @@ def create_app(
     )
     if isinstance(backend, Router):
         env.serves_model = backend.serves_model
+        env.hosted_policy = backend.hosted_policy
     shim = ShimState(settings, env)
 
     async def websocket_endpoint(websocket: WebSocket) -> None:

@@ -63,6 +63,11 @@ class DeploymentConfig(BaseModel):
     rate_limit_reserve_tokens: int = Field(
         default=2048, ge=0, description="route elsewhere when the backend reports fewer tokens left this minute"
     )
+    hosted_tools: Literal["drop", "refuse", "pass"] | None = Field(
+        default=None,
+        description="hosted tools (web_search, mcp, ...) in a request: drop them (listed in the response metadata), "
+        "refuse the request (unsupported_tool), or pass them on; default 'pass' for kind 'responses', else 'drop'",
+    )
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
     options: dict[str, Any] = Field(
@@ -74,6 +79,10 @@ class DeploymentConfig(BaseModel):
         if self.kind in NEEDS_BASE_URL and not self.base_url:
             raise ValueError(f"deployment {self.name!r}: kind {self.kind!r} needs a base_url")
         return self
+
+    @property
+    def hosted_policy(self) -> Literal["drop", "refuse", "pass"]:
+        return self.hosted_tools or ("pass" if self.kind == "responses" else "drop")
 
     def resolved_api_key(self) -> str | None:
         if self.api_key_env and os.environ.get(self.api_key_env):

@@ -85,6 +85,8 @@ class Deployment:
     priority: int = 0
     max_concurrency: int | None = None
     tokens_per_minute: int | None = None
+    hosted_tools: str = "drop"
+    """The deployment's hosted-tool policy (`DeploymentConfig.hosted_tools`)."""
     in_flight: int = 0
     _tokens: deque[tuple[float, int]] = field(default_factory=deque)
 
@@ -145,6 +147,14 @@ class Router:
 
     def serves_model(self, alias: str) -> bool:
         return any(d.serves(alias) for d in self.deployments.values())
+
+    def hosted_policy(self, alias: str, sticky: str | None) -> str:
+        """The hosted-tool policy of the deployment a turn will most likely run on (read-only: no stats)."""
+        deployment = self.deployments.get(sticky) if sticky is not None else None
+        if deployment is None or not deployment.health.available or not deployment.serves(alias):
+            resolved = self._resolve(alias)
+            deployment = resolved[0] if resolved else None
+        return deployment.hosted_tools if deployment is not None else "drop"
 
     def candidates(self, alias: str, sticky: str | None) -> list[Deployment]:
         """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
@@ -319,6 +329,7 @@ def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router
                 priority=spec.priority,
                 max_concurrency=spec.max_concurrency,
                 tokens_per_minute=spec.tokens_per_minute,
+                hosted_tools=spec.hosted_policy,
             )
         )
     return Router(deployments, config.routing)

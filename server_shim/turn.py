@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from . import metrics
 from .backends.base import Backend, BackendRequest
 from .compaction import expand_compactions
-from .errors import APIError, BackendError, previous_response_not_found
+from .errors import APIError, BackendError, invalid, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
 from .limits import DEFAULT_LIMITS, RequestLimits, check_reference_bytes
@@ -44,6 +44,8 @@ class TurnEnv:
     post_inference: PostInference = field(default_factory=PostInference)
     serves_model: Callable[[str], bool] = field(default=lambda model: True)
     """Whether some backend serves this public model name; checked before anything else."""
+    hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
+    """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
     limits: RequestLimits = DEFAULT_LIMITS
 
 
@@ -133,8 +135,7 @@ class Turn:
         tools = self._chat_tools(previous)
         sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
         if tools.dropped:
-            labels[DROPPED_METADATA_KEY] = ",".join(tools.dropped)
-            self._log_dropped(tools.dropped)
+            self._hosted_tools(tools, labels, previous.deployment if previous else None)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
         self._plan = _Plan(
@@ -283,6 +284,20 @@ class Turn:
         if previous is not None and previous.tools == tools:
             return previous.chat_tools
         return chat_tools(tools)
+
+    def _hosted_tools(self, tools: ChatTools, labels: dict[str, str], sticky: str | None) -> None:
+        """Apply the deployment's policy to the hosted tools a chat backend could not run."""
+        policy = self.env.hosted_policy(self.request.model, sticky)
+        if policy == "refuse":
+            index = next(i for i, tool in enumerate(self.request.tools or []) if tool["type"] in tools.dropped)
+            raise invalid(
+                "unsupported_tool",
+                f"Tool type {tools.dropped[0]!r} at 'tools[{index}]' is a hosted tool this deployment cannot run.",
+                f"tools[{index}].type",
+            )
+        if policy == "drop":
+            labels[DROPPED_METADATA_KEY] = ",".join(tools.dropped)
+            self._log_dropped(tools.dropped)
 
     def _log_dropped(self, dropped: tuple[str, ...]) -> None:
         """Hosted tools a chat backend cannot run are dropped: said once per connection, not per turn."""

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import openai
+import pytest
+from openai import AsyncOpenAI
 from openai.types.responses import Response
 from pydantic import BaseModel
-from support.wire import AGENTS_TOOL, MODEL, PATCH_TOOL, RESPONSE, completed_ok, run_turn, user
+from support.wire import AGENTS_TOOL, API_KEY, MODEL, PATCH_TOOL, RESPONSE, completed_ok, recv_event, run_turn, user
 
+from server_shim.config import ShimConfig
 from server_shim.events import ECHOED_FIELDS
 from server_shim.tools import DROPPED_METADATA_KEY
 
@@ -145,3 +149,45 @@ async def test_every_item_type_a_client_replays_is_accepted_and_the_chain_contin
         assert "patched" in first.text
         second = await run_turn(conn, input=[user("more")], previous_response_id=first.id, store=False)
         completed_ok(second)
+
+
+def _config(hosted_tools: str | None) -> ShimConfig:
+    deployment = {"name": "sim", "kind": "simulated", "models": {MODEL: MODEL}}
+    if hosted_tools is not None:
+        deployment["hosted_tools"] = hosted_tools
+    return ShimConfig.model_validate({"deployments": [deployment]})
+
+
+async def test_a_deployment_that_refuses_hosted_tools_answers_unsupported_tool_and_the_chain_continues(make_server):
+    server = make_server(config=_config("refuse"))
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.responses.create(model=MODEL, input="hi", tools=CODEX_TOOLS)
+        assert (refused.value.code, refused.value.param) == ("unsupported_tool", "tools[3].type")
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="hi", store=False)
+            await conn.response.create(model=MODEL, input="x", tools=CODEX_TOOLS, previous_response_id=first.id)
+            error = await recv_event(conn)
+            assert error["type"] == "error" and error["error"]["code"] == "unsupported_tool"
+            second = await run_turn(conn, input="more", previous_response_id=first.id, store=False)
+            completed_ok(second)
+
+
+@pytest.mark.parametrize(("policy", "listed"), [(None, True), ("drop", True), ("pass", False)])
+async def test_the_hosted_tool_policy_decides_what_the_metadata_lists(make_server, policy, listed):
+    server = make_server(config=_config(policy))
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        response = await sdk.responses.create(model=MODEL, input="hi", tools=CODEX_TOOLS)
+    assert (DROPPED_METADATA_KEY in (response.metadata or {})) is listed
+
+
+def test_hosted_tools_default_to_pass_for_a_responses_upstream_and_drop_elsewhere():
+    upstream = ShimConfig.model_validate(
+        {
+            "deployments": [
+                {"name": "up", "kind": "responses", "base_url": "http://127.0.0.1:1/v1", "models": {"m": "m"}}
+            ]
+        }
+    )
+    assert upstream.deployments[0].hosted_policy == "pass"
+    assert _config(None).deployments[0].hosted_policy == "drop"
