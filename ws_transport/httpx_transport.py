@@ -5,47 +5,51 @@ This is the universal path. It serves any client that has it as transport (`with
 serialized body to find the delta. The wrapped `responses.create` (see `wrap.py`) prepares its
 turn before serialization and marks the request with a ticket header, so here it is only sent.
 
-The answer is an ordinary HTTP response built from the events: SSE bytes for `stream: true`
-(fed to the SDK's own SSE parser, so callers get the SDK's typed events), the final `Response`
-JSON otherwise, and for an error event its status with an `{"error": ...}` body, so the SDK
-raises the same exception class it raises over HTTP.
+The answer is an ordinary HTTP response built from the turn's events (see `replies.py`); for the
+sync client the session runs on a private loop (see `portal.py`). A turn the session cannot take
+(fallback, a frame over the server's limit, another URL) goes over the original transport.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
+import contextlib
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Generic, TypedDict, TypeVar
 
 import httpx2
 import orjson
+from typing_extensions import Unpack
 
-from .errors import (
-    ConnectionLost,
-    TurnNotPrepared,
-    TurnRejected,
-    UpgradeRejected,
-    UseHTTP,
-    error_body,
-    error_response,
-    error_status,
-)
+from .errors import TurnNotPrepared, UseHTTP
 from .options import SessionOptions
-from .portal import Portal
+from .portal import Portal, PortalStream
+from .replies import SSEStream, websocket_reply
 from .session import Session
 from .turn import TICKET_HEADER, TurnRequest
 
-SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+InnerT = TypeVar("InnerT", httpx2.BaseTransport, httpx2.AsyncBaseTransport)
 
 
-class _Router:
+class SessionArgs(TypedDict, total=False):
+    options: SessionOptions | None
+    """Options for a new session (ignored when `session` is given)."""
+    session: Session | None
+    """A session to share (`wrap()` gives each of a client's transports the same one)."""
+
+
+class _Router(Generic[InnerT]):
     """What both transports share: which requests are turns, and how a turn goes over HTTP instead."""
 
-    session: Session
+    def __init__(
+        self, inner: InnerT | None = None, *, options: SessionOptions | None = None, session: Session | None = None
+    ) -> None:
+        self.inner: InnerT = inner if inner is not None else self._plain()
+        self.session = session or Session(options)
+
+    @staticmethod
+    def _plain() -> InnerT:
+        """The transport for everything that is not a turn, when none is given."""
+        raise NotImplementedError
 
     def _turn(self, request: httpx2.Request) -> tuple[TurnRequest | None, bool]:
         """The turn a request carries (None for other requests), and whether it goes on the session.
@@ -68,7 +72,7 @@ class _Router:
             if turn is None:
                 return None, False
         turn.headers = headers
-        return turn, True
+        return turn, not self.session.http_only
 
     def _ticket(self, ticket: str) -> TurnRequest:
         try:
@@ -131,194 +135,21 @@ def parse_turn(session: Session, request: httpx2.Request) -> TurnRequest | None:
     return TurnRequest(fields, plan, raw_input, stream=body.get("stream") is True, http_body_bytes=content)
 
 
-async def websocket_reply(session: Session, request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
-    """Run the turn on the session and answer as the HTTP endpoint would; raises `UseHTTP` to fall back."""
-    events = session.events(turn, transparent=not turn.stream, read_timeout=_read_timeout(request))
-    try:
-        return await _reply(turn, events, request)
-    except BaseException:
-        await events.aclose()  # whatever interrupted the reply, the lane is freed now, not at collection
-        raise
+class AsyncWebSocketTransport(_Router[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport):
+    """For `AsyncOpenAI`: `httpx2.AsyncClient(transport=AsyncWebSocketTransport())`, or via `wrap()`.
 
-
-async def _reply(
-    turn: TurnRequest, events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
-) -> httpx2.Response:
-    try:
-        if turn.stream:
-            first = await anext(events)
-            stream = _SSEStream(first, events, request, _framer(turn))
-            return httpx2.Response(200, headers=SSE_HEADERS, stream=stream, request=request)
-        return _final_reply(await _drain(events), request, turn)
-    except TurnRejected as rejected:
-        return error_response(rejected.status, rejected.error, request)
-    except UpgradeRejected as rejected:
-        return httpx2.Response(rejected.status, headers=rejected.headers, content=rejected.body, request=request)
-    except ConnectionLost as lost:
-        raise httpx2.RemoteProtocolError(str(lost), request=request) from lost
-    except TimeoutError as exc:
-        raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=request) from exc
-
-
-async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The terminal event, and the error event that may follow it."""
-    kept = []
-    async for event in events:
-        if event.get("type") in TERMINAL or event.get("type") == "error":
-            kept.append(event)
-    return kept
-
-
-def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
-    errors = [e for e in kept if e.get("type") == "error"]
-    if errors:
-        return error_response(error_status(errors[-1]), error_body(errors[-1]), request)
-    final = kept[-1]["response"]
-    content = turn.chat.final(final, turn.recorded) if turn.chat is not None else orjson.dumps(final)
-    return httpx2.Response(200, headers={"content-type": "application/json"}, content=content, request=request)
-
-
-def _framer(turn: TurnRequest) -> Callable[[dict[str, Any]], bytes]:
-    """How the turn's events become SSE bytes: as `/responses` streams them, or as chat chunks."""
-    chat = turn.chat
-    if chat is None:
-        return sse_frame
-    return lambda event: chat.sse(event, turn.recorded)  # the chain is recorded by the terminal event
-
-
-def sse_frame(event: dict[str, Any]) -> bytes:
-    """One event as the HTTP stream carries it: no lane id, and the flat error shape."""
-    event.pop("stream_id", None)
-    if event.get("type") == "error":
-        event = sse_error(event)
-    return b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
-def sse_error(event: dict[str, Any]) -> dict[str, Any]:
-    """The HTTP stream's error event is flat (the SDK's `ResponseErrorEvent`); the WebSocket one nests `error`."""
-    error = error_body(event)
-    return {
-        "type": "error",
-        "sequence_number": event.get("sequence_number", 0),
-        "code": error.get("code"),
-        "message": error.get("message"),
-        "param": error.get("param"),
-    }
-
-
-class _SSEStream(httpx2.AsyncByteStream):
-    """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
-
-    def __init__(
-        self,
-        first: dict[str, Any],
-        events: AsyncGenerator[dict[str, Any], None],
-        request: httpx2.Request,
-        frame: Callable[[dict[str, Any]], bytes] = sse_frame,
-    ) -> None:
-        self.first = first
-        self.events = events
-        self.request = request
-        self.frame = frame
-
-    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        yield self.frame(self.first)
-        try:
-            async for event in self.events:
-                yield self.frame(event)
-        except ConnectionLost as lost:
-            raise httpx2.RemoteProtocolError(str(lost), request=self.request) from lost
-        except TimeoutError as exc:
-            raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=self.request) from exc
-        finally:
-            await self.events.aclose()
-
-    async def aclose(self) -> None:
-        await self.events.aclose()
-
-
-class _PortalStream(httpx2.SyncByteStream):
-    """An async byte stream on the portal's loop, read from the caller's thread.
-
-    `close()` may come from any thread while the reader waits for a chunk (a "stop" button). The
-    chunk generator must never be closed while a step of it runs, so every step and the close
-    run as tasks on the loop: the close cancels the running step, waits until it has unwound,
-    then closes the generator. A step that starts after the close sees `closed` and does nothing.
+    `inner` (default: a new `httpx2.AsyncHTTPTransport`) carries every request that is not a turn.
     """
 
-    def __init__(self, stream: _SSEStream, portal: Portal) -> None:
-        self.stream = stream
-        self.portal = portal
-        self.chunks: AsyncGenerator[bytes, None] = stream.__aiter__()
-        self.closed = False
-        self._step: asyncio.Task[bytes | None] | None = None
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> Iterator[bytes]:
-        """One chunk per hop to the loop; `close()` from another thread interrupts the wait."""
-        while True:
-            with self._lock:
-                if self.closed:
-                    raise httpx2.ReadError("the response stream was closed")
-                pending = self.portal.submit(self._next())
-            try:
-                chunk = pending.result()
-            except (concurrent.futures.CancelledError, _StreamClosed):
-                raise httpx2.ReadError("the response stream was closed") from None
-            if chunk is None:
-                return
-            yield chunk
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-        self.portal.cleanup(self._aclose())
-
-    async def _next(self) -> bytes | None:
-        """One step of the generator, on the loop; runs only while the stream is open."""
-        if self.closed:
-            raise _StreamClosed
-        self._step = asyncio.current_task()
-        try:
-            return await anext(self.chunks)
-        except StopAsyncIteration:
-            return None
-
-    async def _aclose(self) -> None:
-        step = self._step
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.wait([step])
-        await self.chunks.aclose()
-        await self.stream.aclose()
-
-
-class _StreamClosed(Exception):
-    """A chunk was asked for after the stream was closed."""
-
-
-class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):
-    """For `AsyncOpenAI`: `httpx2.AsyncClient(transport=AsyncWebSocketTransport())`, or via `wrap()`."""
-
-    def __init__(
-        self,
-        inner: httpx2.AsyncBaseTransport | None = None,
-        *,
-        options: SessionOptions | None = None,
-        session: Session | None = None,
-    ) -> None:
-        self.inner = inner if inner is not None else httpx2.AsyncHTTPTransport()
-        self.session = session or Session(options)
+    @staticmethod
+    def _plain() -> httpx2.AsyncBaseTransport:
+        return httpx2.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         turn, on_session = self._turn(request)
-        if turn is not None and on_session and not self.session.http_only:
-            try:
+        if turn is not None and on_session:
+            with contextlib.suppress(UseHTTP):
                 return await websocket_reply(self.session, request, turn)
-            except UseHTTP:
-                pass
         return await self.inner.handle_async_request(self._http_request(request, turn))
 
     async def aclose(self) -> None:
@@ -326,31 +157,29 @@ class AsyncWebSocketTransport(_Router, httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-class WebSocketTransport(_Router, httpx2.BaseTransport):
-    """For `OpenAI`: the session runs on a private loop thread (see `portal.py` for why)."""
+class WebSocketTransport(_Router[httpx2.BaseTransport], httpx2.BaseTransport):
+    """For `OpenAI`: the session runs on a private loop thread (see `portal.py` for why).
+
+    `inner` (default: a new `httpx2.HTTPTransport`) carries every request that is not a turn;
+    `portal` is the loop thread (`wrap()` gives each of a client's transports the same one).
+    """
 
     def __init__(
-        self,
-        inner: httpx2.BaseTransport | None = None,
-        *,
-        options: SessionOptions | None = None,
-        session: Session | None = None,
-        portal: Portal | None = None,
+        self, inner: httpx2.BaseTransport | None = None, *, portal: Portal | None = None, **session: Unpack[SessionArgs]
     ) -> None:
-        self.inner = inner if inner is not None else httpx2.HTTPTransport()
-        self.session = session or Session(options)
+        super().__init__(inner, **session)
         self.portal = portal or Portal()
         self._shutdown = weakref.finalize(self, _shutdown, self.portal, self.session)
 
+    @staticmethod
+    def _plain() -> httpx2.BaseTransport:
+        return httpx2.HTTPTransport()
+
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         turn, on_session = self._turn(request)
-        if turn is not None and on_session and not self.session.http_only:
-            try:
-                response = self.portal.call(websocket_reply(self.session, request, turn))
-            except UseHTTP:
-                pass
-            else:
-                return _on_this_thread(response, self.portal)
+        if turn is not None and on_session:
+            with contextlib.suppress(UseHTTP):
+                return _on_this_thread(self.portal.call(websocket_reply(self.session, request, turn)), self.portal)
         return self.inner.handle_request(self._http_request(request, turn))
 
     def close(self) -> None:
@@ -360,10 +189,10 @@ class WebSocketTransport(_Router, httpx2.BaseTransport):
 
 def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Response:
     stream = response.stream
-    if not isinstance(stream, _SSEStream):
+    if not isinstance(stream, SSEStream):
         return response
     return httpx2.Response(
-        response.status_code, headers=response.headers, stream=_PortalStream(stream, portal), request=response.request
+        response.status_code, headers=response.headers, stream=PortalStream(stream, portal), request=response.request
     )
 
 
@@ -374,8 +203,3 @@ def _shutdown(portal: Portal, session: Session) -> None:
             portal.call(session.aclose(), timeout=10)
     finally:
         portal.stop()
-
-
-def _read_timeout(request: httpx2.Request) -> float | None:
-    timeout = request.extensions.get("timeout")
-    return timeout.get("read") if isinstance(timeout, dict) else None

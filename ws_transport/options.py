@@ -81,13 +81,19 @@ class SessionStats:
     """
 
     turns: int = 0
+    """`responses.create` calls, however they travelled (a resend or an SDK retry is not a new turn)."""
     turns_chained: int = 0
     """Turns sent with a `previous_response_id`: chained by the transport, or by the caller itself."""
     resends: int = 0
+    """Turns sent again in full after a lost chain or a lost socket."""
     bytes_sent: int = 0
+    """Request bytes on the wire: frames on the socket plus bodies of turns sent over HTTP."""
     bytes_http_equivalent: int = 0
+    """What the same turns would have sent over plain HTTP (the whole history each time)."""
     reconnects: int = 0
+    """Sockets opened after every earlier one had closed or retired."""
     fallbacks: int = 0
+    """Turns sent over HTTP: the upgrade was refused, the budget spent, or the frame over the server's limit."""
     chat_turns: int = 0
     """`chat.completions.create` calls sent over the session (also counted in `turns`)."""
     chat_fallbacks: dict[str, int] = field(default_factory=dict)

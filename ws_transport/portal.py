@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
+
+import httpx2
 
 from .errors import SessionClosed
 
@@ -84,3 +86,73 @@ class Portal:
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
+
+
+class AsyncChunks(Protocol):
+    """An async byte stream whose iterator is a generator (so it can be closed mid-way)."""
+
+    def __aiter__(self) -> AsyncGenerator[bytes, None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class PortalStream(httpx2.SyncByteStream):
+    """An async byte stream on the portal's loop, read from the caller's thread.
+
+    `close()` may come from any thread while the reader waits for a chunk (a "stop" button). The
+    chunk generator must never be closed while a step of it runs, so every step and the close
+    run as tasks on the loop: the close cancels the running step, waits until it has unwound,
+    then closes the generator. A step that starts after the close sees `closed` and does nothing.
+    """
+
+    def __init__(self, stream: AsyncChunks, portal: Portal) -> None:
+        self.stream = stream
+        self.portal = portal
+        self.chunks = stream.__aiter__()
+        self.closed = False
+        self._step: asyncio.Task[bytes | None] | None = None
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[bytes]:
+        """One chunk per hop to the loop; `close()` from another thread interrupts the wait."""
+        while True:
+            with self._lock:
+                if self.closed:
+                    raise httpx2.ReadError("the response stream was closed")
+                pending = self.portal.submit(self._next())
+            try:
+                chunk = pending.result()
+            except (concurrent.futures.CancelledError, _StreamClosed):
+                raise httpx2.ReadError("the response stream was closed") from None
+            if chunk is None:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.portal.cleanup(self._aclose())
+
+    async def _next(self) -> bytes | None:
+        """One step of the generator, on the loop; runs only while the stream is open."""
+        if self.closed:
+            raise _StreamClosed
+        self._step = asyncio.current_task()
+        try:
+            return await anext(self.chunks)
+        except StopAsyncIteration:
+            return None
+
+    async def _aclose(self) -> None:
+        step = self._step
+        if step is not None and not step.done():
+            step.cancel()
+            await asyncio.wait([step])
+        await self.chunks.aclose()
+        await self.stream.aclose()
+
+
+class _StreamClosed(Exception):
+    """A chunk was asked for after the stream was closed."""

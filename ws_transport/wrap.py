@@ -85,6 +85,11 @@ class _Endpoint:
     stream_cls: Any
     async_stream_cls: Any
 
+    def post_args(self, turn: TurnRequest, *, sync: bool) -> dict[str, Any]:
+        """Where the SDK posts the prepared turn and how it parses the answer (a stream when asked)."""
+        stream_cls = self.stream_cls if sync else self.async_stream_cls
+        return {"path": self.path, "cast_to": self.cast_to, "stream": turn.stream, "stream_cls": stream_cls}
+
 
 RESPONSES = _Endpoint(
     lambda session, kwargs: prepare(session, kwargs),
@@ -126,17 +131,8 @@ def _sync_create(resource: Any, session: Session, endpoint: _Endpoint) -> Callab
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return original(**kwargs)
-        with _ticket(session, turn) as ticket:
-            result = _sdk.post(
-                resource,
-                _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
-                endpoint.path,
-                cast_to=endpoint.cast_to,
-                stream=turn.stream,
-                stream_cls=endpoint.stream_cls,
-            )
-        _adopt(session, turn, result)
-        return result
+        with _ticket(session, turn, kwargs) as options:
+            return _adopted(session, turn, _sdk.post(resource, options, **endpoint.post_args(turn, sync=True)))
 
     return create
 
@@ -149,17 +145,8 @@ def _async_create(resource: Any, session: Session, endpoint: _Endpoint) -> Calla
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return await original(**kwargs)
-        with _ticket(session, turn) as ticket:
-            result = await _sdk.post(
-                resource,
-                _sdk.request_options(kwargs, {TICKET_HEADER: ticket}),
-                endpoint.path,
-                cast_to=endpoint.cast_to,
-                stream=turn.stream,
-                stream_cls=endpoint.async_stream_cls,
-            )
-        _adopt(session, turn, result)
-        return result
+        with _ticket(session, turn, kwargs) as options:
+            return _adopted(session, turn, await _sdk.post(resource, options, **endpoint.post_args(turn, sync=False)))
 
     return create
 
@@ -183,19 +170,22 @@ def prepare(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None:
 
 
 @contextlib.contextmanager
-def _ticket(session: Session, turn: TurnRequest) -> Iterator[str]:
-    """Hand the prepared turn to the transport for the duration of the SDK call (retries included)."""
+def _ticket(session: Session, turn: TurnRequest, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """Hand the prepared turn to the transport for the duration of the SDK call (retries included);
+    yields the call's request options, which carry the ticket."""
     ticket = str(next(_tickets))
     session.tickets[ticket] = turn
     try:
-        yield ticket
+        yield _sdk.request_options(kwargs, {TICKET_HEADER: ticket})
     finally:
         del session.tickets[ticket]
 
 
-def _adopt(session: Session, turn: TurnRequest, result: Any) -> None:
+def _adopted(session: Session, turn: TurnRequest, result: Any) -> Any:
+    """The call's result; a complete `Response` lends its output objects to the chain (identity matches next turn)."""
     if turn.recorded is not None and isinstance(result, Response):
         session.chains.adopt_output(turn.recorded, result.output)
+    return result
 
 
 def _responses_url(base: str | httpx2.URL) -> str:

@@ -28,6 +28,11 @@ Transport = Literal["http", "websocket"]
 TRANSPORT_ENV = "RESPONSES_WS_TRANSPORT"
 """Environment variable that sets the default `transport` ("http" or "websocket")."""
 
+Messages = list[BaseMessage]
+Stop = list[str] | None
+SyncRun = CallbackManagerForLLMRun | None
+AsyncRun = AsyncCallbackManagerForLLMRun | None
+
 CLIENT_FIELDS = frozenset({"client", "async_client", "root_client", "root_async_client"})
 """Fields holding `openai` clients: never copied from a stock model, the new one builds and wraps its own."""
 
@@ -202,11 +207,7 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         return super()._get_request_payload(list(tail), stop=stop, previous_response_id=previous_id, **kwargs)
 
     def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
+        self, messages: Messages, stop: Stop = None, run_manager: SyncRun = None, **kwargs: Any
     ) -> ChatResult:
         model = self._for_call(run_manager, asynchronous=False)
         generate = super(ChatOpenAI, model)._generate
@@ -215,11 +216,7 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         return result
 
     async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
+        self, messages: Messages, stop: Stop = None, run_manager: AsyncRun = None, **kwargs: Any
     ) -> ChatResult:
         model = self._for_call(run_manager, asynchronous=True)
         generate = super(ChatOpenAI, model)._agenerate
@@ -228,11 +225,7 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         return result
 
     def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
+        self, messages: Messages, stop: Stop = None, run_manager: SyncRun = None, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
         model = self._for_call(run_manager, asynchronous=False)
         stream = super(ChatOpenAI, model)._stream
@@ -242,11 +235,7 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         model._remember(messages, answer.message)
 
     async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
+        self, messages: Messages, stop: Stop = None, run_manager: AsyncRun = None, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
         model = self._for_call(run_manager, asynchronous=True)
         stream = super(ChatOpenAI, model)._astream

@@ -8,6 +8,7 @@ resent only when it fails before its first chunk, which is where that error come
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -59,12 +60,10 @@ def stream(may_resend: MayResend, send: Callable[[Kwargs], Iterator[T]], kwargs:
     try:
         first = next(chunks)
     except StopIteration:
-        return
+        return iter(())
     except openai.BadRequestError as error:
-        chunks = send(full_history_kwargs(may_resend, error, kwargs))
-    else:
-        yield first
-    yield from chunks
+        return send(full_history_kwargs(may_resend, error, kwargs))
+    return itertools.chain([first], chunks)
 
 
 async def astream(

@@ -1,0 +1,133 @@
+"""A turn's events as the HTTP answer the SDK expects: the final `Response` JSON, or SSE bytes for a stream.
+
+The SDK parses these with its own code (its SSE parser gives callers its typed events), so a
+turn over the socket reads exactly as over HTTP; an `error` event becomes its status with an
+`{"error": ...}` body, so the SDK raises the exception class it raises over HTTP, and a socket
+lost mid-stream reads as a dropped HTTP stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+import orjson
+
+from .errors import ConnectionLost, TurnRejected, UpgradeRejected, error_body, error_response, error_status
+from .session import Session
+from .turn import TurnRequest
+
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+async def websocket_reply(session: Session, request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
+    """Run the turn on the session and answer as the HTTP endpoint would; raises `UseHTTP` to fall back."""
+    events = session.events(turn, transparent=not turn.stream, read_timeout=read_timeout(request))
+    try:
+        return await _reply(turn, events, request)
+    except BaseException:
+        await events.aclose()  # whatever interrupted the reply, the lane is freed now, not at collection
+        raise
+
+
+async def _reply(
+    turn: TurnRequest, events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
+) -> httpx2.Response:
+    try:
+        if turn.stream:
+            first = await anext(events)
+            stream = SSEStream(first, events, request, _framer(turn))
+            return httpx2.Response(200, headers=SSE_HEADERS, stream=stream, request=request)
+        return _final_reply(await _drain(events), request, turn)
+    except TurnRejected as rejected:
+        return error_response(rejected.status, rejected.error, request)
+    except UpgradeRejected as rejected:
+        return httpx2.Response(rejected.status, headers=rejected.headers, content=rejected.body, request=request)
+    except ConnectionLost as lost:
+        raise httpx2.RemoteProtocolError(str(lost), request=request) from lost
+    except TimeoutError as exc:
+        raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=request) from exc
+
+
+async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The terminal event, and the error event that may follow it."""
+    kept = []
+    async for event in events:
+        if event.get("type") in TERMINAL or event.get("type") == "error":
+            kept.append(event)
+    return kept
+
+
+def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
+    errors = [e for e in kept if e.get("type") == "error"]
+    if errors:
+        return error_response(error_status(errors[-1]), error_body(errors[-1]), request)
+    final = kept[-1]["response"]
+    content = turn.chat.final(final, turn.recorded) if turn.chat is not None else orjson.dumps(final)
+    return httpx2.Response(200, headers={"content-type": "application/json"}, content=content, request=request)
+
+
+def _framer(turn: TurnRequest) -> Callable[[dict[str, Any]], bytes]:
+    """How the turn's events become SSE bytes: as `/responses` streams them, or as chat chunks."""
+    chat = turn.chat
+    if chat is None:
+        return sse_frame
+    return lambda event: chat.sse(event, turn.recorded)  # the chain is recorded by the terminal event
+
+
+def sse_frame(event: dict[str, Any]) -> bytes:
+    """One event as the HTTP stream carries it: no lane id, and the flat error shape."""
+    event.pop("stream_id", None)
+    if event.get("type") == "error":
+        event = sse_error(event)
+    return b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def sse_error(event: dict[str, Any]) -> dict[str, Any]:
+    """The HTTP stream's error event is flat (the SDK's `ResponseErrorEvent`); the WebSocket one nests `error`."""
+    error = error_body(event)
+    return {
+        "type": "error",
+        "sequence_number": event.get("sequence_number", 0),
+        "code": error.get("code"),
+        "message": error.get("message"),
+        "param": error.get("param"),
+    }
+
+
+class SSEStream(httpx2.AsyncByteStream):
+    """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
+
+    def __init__(
+        self,
+        first: dict[str, Any],
+        events: AsyncGenerator[dict[str, Any], None],
+        request: httpx2.Request,
+        frame: Callable[[dict[str, Any]], bytes] = sse_frame,
+    ) -> None:
+        self.first = first
+        self.events = events
+        self.request = request
+        self.frame = frame
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        yield self.frame(self.first)
+        try:
+            async for event in self.events:
+                yield self.frame(event)
+        except ConnectionLost as lost:
+            raise httpx2.RemoteProtocolError(str(lost), request=self.request) from lost
+        except TimeoutError as exc:
+            raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=self.request) from exc
+        finally:
+            await self.events.aclose()
+
+    async def aclose(self) -> None:
+        await self.events.aclose()
+
+
+def read_timeout(request: httpx2.Request) -> float | None:
+    timeout = request.extensions.get("timeout")
+    return timeout.get("read") if isinstance(timeout, dict) else None
