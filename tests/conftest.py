@@ -39,7 +39,8 @@ class RecordingValidator:
         return self.calls[-1]
 
 
-pytest_plugins = ["support.serve"]  # the serve_process fixture: `responses-ws serve` as a subprocess
+# serve_process: `responses-ws serve` as a subprocess; chain_report: turns chained per framework test
+pytest_plugins = ["support.serve", "support.chain_report"]
 
 ServerFactory = Callable[..., BackgroundServer]
 

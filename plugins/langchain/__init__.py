@@ -27,10 +27,14 @@ never continue each other's chain.
 For an agent whose model is already a stock `ChatOpenAI`, add `WebSocketTransportMiddleware()`
 to `create_agent(..., middleware=[...])`: it switches the model to the WebSocket transport for
 each model call of the run and leaves other models alone.
+
+A stock `ChatOpenAI` kept on Chat Completions: `websocket_chat_completions(model)` (see
+`chat_completions.py`) sends its `chat.completions.create` calls over a session.
 """
 
 from __future__ import annotations
 
+from .chat_completions import websocket_chat_completions
 from .lineage import Lineage, split_at_last_response
 from .middleware import WebSocketTransportMiddleware, with_websocket_transport
 from .model import TRANSPORT_ENV, ChatOpenAI, Transport, agent_session, default_transport
@@ -44,5 +48,6 @@ __all__ = [
     "agent_session",
     "default_transport",
     "split_at_last_response",
+    "websocket_chat_completions",
     "with_websocket_transport",
 ]
