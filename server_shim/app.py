@@ -18,6 +18,8 @@ from starlette.websockets import WebSocket
 
 from . import extensions, http, metrics, resources
 from .backends import Backend
+from .check_config import checks_by_model
+from .checks import Check
 from .config import ShimConfig
 from .errors import APIError
 from .ledger import Ledger
@@ -78,6 +80,7 @@ def create_app(
     store: ResponseStore | None = None,
     validators: Sequence[Validator] = (),
     classifiers: Sequence[Classifier] = (),
+    checks: Sequence[Check] = (),
     plugin_manager: pluggy.PluginManager | None = None,
 ) -> Starlette:
     """The shim as an ASGI app.
@@ -85,12 +88,14 @@ def create_app(
     Without `backend`, the deployments of `config` (or the one `settings.backend` names) are
     built by the plugins' backend kinds and put behind the router. Validators, classifiers and
     post-inference sinks come from the arguments plus every plugin of `plugin_manager` (default:
-    the built-in plugins and the installed entry points, `server_shim.extensions`).
+    the built-in plugins and the installed entry points, `server_shim.extensions`). Stateful checks
+    (`checks.py`) are `checks`, for every model, followed by the config file's built-in ones.
     """
     settings = settings or (config.settings() if config else Settings())
     manager = plugin_manager or extensions.default_plugin_manager()
     if backend is None:
         backend = build_router(config or ShimConfig.from_settings(settings), extensions.backend_kinds(manager))
+    configured = checks_by_model(config or ShimConfig(), backend)
     env = TurnEnv(
         backend=backend,
         store=store or build_store(settings),
@@ -98,6 +103,8 @@ def create_app(
         classifiers=[*classifiers, *extensions.classifiers(manager, settings)],
         post_inference=PostInference([extensions.response_sink(manager)], build_ledger(settings)),
         limits=RequestLimits.from_settings(settings),
+        checks=lambda model: [*checks, *configured(model)],
+        overlap_checks=settings.checks_overlap,
     )
     if isinstance(backend, Router):
         env.serves_model = backend.serves_model
@@ -153,7 +160,7 @@ def create_app(
 def build_store(settings: Settings) -> ResponseStore:
     """The store `settings.store` names: in-process memory, or Redis shared by workers and replicas."""
     if settings.store == "memory":
-        return MemoryResponseStore(settings.store_max_responses, settings.store_max_bytes)
+        return MemoryResponseStore(settings.store_max_responses)
     from .redis_store import RedisResponseStore
 
     return RedisResponseStore(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from .check_config import CheckConfig
 from .settings import SIMULATED, Settings
 
 NEEDS_BASE_URL = frozenset({"openai_compatible", "cerebras", "responses"})
@@ -70,8 +71,14 @@ class DeploymentConfig(BaseModel):
     )
     simulated_ttft_s: float = 0.0
     simulated_tokens_per_s: float = 0.0
+    simulated_guard: dict[str, list[str]] | None = Field(
+        default=None, description="kind 'simulated': answer as a guard model, {category: [words]} (see simulated.py)"
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="settings for the kind's factory, passed to it as keyword arguments"
+    )
+    checks: list[CheckConfig] = Field(
+        default_factory=list, description="built-in checks for the requests to this deployment's model aliases"
     )
 
     @model_validator(mode="after")
@@ -109,6 +116,7 @@ class ShimConfig(BaseModel):
     server: ServerSection = Field(default_factory=ServerSection)
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    checks: list[CheckConfig] = Field(default_factory=list, description="built-in checks for every request")
 
     @model_validator(mode="after")
     def _consistent(self) -> ShimConfig:

@@ -48,6 +48,7 @@ def encode_state(state: ResponseState) -> bytes:
             "call_ids": sorted(state.call_ids),
             "deployment": state.deployment,
             "carry": state.carry,
+            "checks": state.checks,
         }
     )
 
@@ -72,6 +73,7 @@ def decode_state(raw: bytes) -> ResponseState:
         deployment=body.get("deployment"),
         carry=body.get("carry") or {},
         tenant=body.get("tenant"),
+        checks=body.get("checks") or {},
     )
 
 
@@ -149,26 +151,18 @@ class RedisResponseStore:
             raise store_unavailable() from exc
 
 
-def connect(url: str, timeout_s: float, max_connections: int = 64) -> redis.asyncio.Redis:
-    """An asyncio client that fails fast when Redis is away (a short retry, then an error) and reconnects later.
-
-    A blocking pool: under load a command waits (up to 10 s, or `timeout_s` if longer) for one of
-    `max_connections` connections instead of failing with "Too many connections"; a Redis that is
-    down still fails at once (connection refused) or within `timeout_s` (no answer).
-    """
+def connect(url: str, timeout_s: float) -> redis.asyncio.Redis:
+    """An asyncio client that fails fast when Redis is away (a short retry, then an error) and reconnects later."""
     try:
         import redis.asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
     except ImportError:
         raise RuntimeError("a redis:// store needs the redis package: pip install 'responses-ws[redis]'") from None
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
+    return redis.asyncio.Redis.from_url(
         url,
-        max_connections=max_connections,
-        timeout=max(timeout_s, 10.0),
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
         health_check_interval=30,
     )
-    return redis.asyncio.Redis.from_pool(pool)

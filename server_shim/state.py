@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import metrics
-from .callids import own_calls
-from .footprint import footprint
 from .items import Item
 from .render import ChatPrompt
 from .tools import ChatTools
-
-STATE_OVERHEAD = 1024
-"""The state object, its call-id set and the bookkeeping around it, per response."""
 
 
 @dataclass(slots=True)
@@ -28,86 +22,25 @@ class ResponseState:
     tools: list[dict[str, Any]]
     chat_tools: ChatTools
     prompt: ChatPrompt
-    call_ids: Set[str]
+    call_ids: frozenset[str]
     deployment: str | None = None
     carry: dict[str, Any] = field(default_factory=dict)
     tenant: str | None = None
     """The id of the API key's tenant that created it (see `tenants`); None when the server has no keys."""
-    base_held: int = 0
-    """Memory of the history shared with the previous response's prompt (0 when it has none)."""
-    own_bytes: int = field(default=0, compare=False)
-    """Memory this state adds: its items, tools, Response object and its own segment of the prompt."""
-
-    def __post_init__(self) -> None:
-        self.own_bytes = (
-            STATE_OVERHEAD
-            + self.prompt.held
-            - self.base_held
-            + footprint(
-                (
-                    self.response,
-                    self.input_items,
-                    self.output_items,
-                    self.tools,
-                    self.carry,
-                    tuple(own_calls(self.call_ids)),
-                )
-            )
-        )
+    checks: dict[str, Any] = field(default_factory=dict)
+    """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
 
     @property
     def id(self) -> str:
         return self.response["id"]
 
     @property
-    def parent_id(self) -> str | None:
-        return self.response.get("previous_response_id")
-
-    @property
     def size(self) -> int:
-        """Memory held by this state alone, history included (what it costs when its parent is gone)."""
-        return self.own_bytes + self.base_held
+        """Memory held, for the cache's byte bound: the rendered history dominates.
 
-
-class ChainLedger:
-    """Bytes held by a set of states whose histories are shared along `previous_response_id` chains.
-
-    A state whose parent is in the set is charged only what it adds; one whose parent is not
-    is charged its whole history too. When a parent leaves, its children in the set are
-    re-charged in full. So a chain of N turns counts O(total bytes), as it holds, not O(N^2);
-    branches from one evicted parent count the shared history once each (an over-count).
-    """
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._charges: dict[str, int] = {}
-        self._children: dict[str, set[str]] = {}
-        self._states: dict[str, ResponseState] = {}
-
-    def add(self, state: ResponseState) -> None:
-        self.remove(state.id)
-        parent = state.parent_id
-        if parent is not None and parent in self._states:
-            charge = state.own_bytes
-            self._children.setdefault(parent, set()).add(state.id)
-        else:
-            charge = state.size
-        self._states[state.id] = state
-        self._charges[state.id] = charge
-        self.total += charge
-
-    def remove(self, response_id: str) -> None:
-        state = self._states.pop(response_id, None)
-        if state is None:
-            return
-        self.total -= self._charges.pop(response_id)
-        parent = state.parent_id
-        if parent is not None and parent in self._children:
-            self._children[parent].discard(response_id)
-        for child_id in self._children.pop(response_id, ()):
-            child = self._states[child_id]
-            self.total += child.size - self._charges[child_id]
-            self._charges[child_id] = child.size
+        States of one chain share their history, so the sum over-counts: the bound is safe.
+        """
+        return self.prompt.nbytes + 1024
 
 
 class ConnectionCache:
@@ -117,7 +50,7 @@ class ConnectionCache:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._ledger = ChainLedger()
+        self._bytes = 0
         self.notices: set[str] = set()
         """What this connection was told once already (hosted tools dropped, ...)."""
 
@@ -129,8 +62,7 @@ class ConnectionCache:
 
     @property
     def nbytes(self) -> int:
-        """Memory the cached states hold (see `ChainLedger`)."""
-        return self._ledger.total
+        return self._bytes
 
     def get(self, response_id: str) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -141,15 +73,16 @@ class ConnectionCache:
     def put(self, state: ResponseState) -> None:
         self.evict(state.id)
         self._states[state.id] = state
-        self._ledger.add(state)
-        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
-            oldest, _ = self._states.popitem(last=False)
-            self._ledger.remove(oldest)
+        self._bytes += state.size
+        while len(self._states) > 1 and (len(self._states) > self.max_responses or self._bytes > self.max_bytes):
+            _, oldest = self._states.popitem(last=False)
+            self._bytes -= oldest.size
             metrics.CACHE_EVICTIONS.labels("capacity").inc()
 
     def evict(self, response_id: str) -> None:
-        if self._states.pop(response_id, None) is not None:
-            self._ledger.remove(response_id)
+        state = self._states.pop(response_id, None)
+        if state is not None:
+            self._bytes -= state.size
 
     def ids(self) -> list[str]:
         return list(self._states)
@@ -173,25 +106,17 @@ class ResponseStore(Protocol):
 
 
 class MemoryResponseStore:
-    """The default store: an in-process dict bounded by count and by the memory it holds (oldest dropped first)."""
+    """The default store: a bounded in-process dict (oldest dropped first)."""
 
-    def __init__(self, max_responses: int = 10_000, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, max_responses: int = 10_000) -> None:
         self.max_responses = max_responses
-        self.max_bytes = max_bytes
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._ledger = ChainLedger()
-
-    @property
-    def nbytes(self) -> int:
-        return self._ledger.total
 
     async def save(self, state: ResponseState) -> None:
         self._states[state.id] = state
         self._states.move_to_end(state.id)
-        self._ledger.add(state)
-        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
-            oldest, _ = self._states.popitem(last=False)
-            self._ledger.remove(oldest)
+        while len(self._states) > self.max_responses:
+            self._states.popitem(last=False)
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -201,9 +126,7 @@ class MemoryResponseStore:
         if await self.load(response_id, tenant) is None:
             return False
         del self._states[response_id]
-        self._ledger.remove(response_id)
         return True
 
     async def aclose(self) -> None:
         self._states.clear()
-        self._ledger = ChainLedger()

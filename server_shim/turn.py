@@ -10,17 +10,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence, Set
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendRequest
-from .callids import with_calls
+from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, invalid, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
-from .limits import DEFAULT_LIMITS, RequestLimits, check_conversation_bytes, check_reference_bytes
+from .limits import DEFAULT_LIMITS, RequestLimits, check_reference_bytes
 from .postinference import PostInference, TurnInfo
 from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
@@ -48,6 +49,9 @@ class TurnEnv:
     hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
     """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
     limits: RequestLimits = DEFAULT_LIMITS
+    checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
+    """The stateful checks for a public model name (`checks.py`); run beside inference when `overlap_checks`."""
+    overlap_checks: bool = True
 
 
 @dataclass(slots=True)
@@ -59,14 +63,17 @@ class _Plan:
     chat_tools: list | None
     tool_choice: object
     prompt: ChatPrompt
-    call_ids: Set[str]
+    call_ids: frozenset[str]
     cached_prefix_nbytes: int
     deployment: str | None
     carry: dict
     prefix_messages: int
     labels: dict[str, str]
-    base_held: int
-    """Memory of the history this turn extends (shared with the previous state, not its own)."""
+    checks: CheckOutcome = field(default_factory=CheckOutcome)
+    """What the checks run before inference found; merged with those run beside it."""
+    prior_checks: dict[str, Any] = field(default_factory=dict)
+    prior_output: list[Item] = field(default_factory=list)
+    later_checks: list[Check] = field(default_factory=list)
 
 
 @dataclass
@@ -123,7 +130,7 @@ class Turn:
         previous = await self._resolve_previous()
         stages.mark("resolve")
         new_items = expand_compactions(normalize_input(self.request.input))
-        known_calls: Set[str] = previous.call_ids if previous else frozenset()
+        known_calls = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
         started = stages.clock()
         await run_validators(self.env.validators, new_items, previous, self.request)
@@ -135,27 +142,38 @@ class Turn:
         if expanded is not new_items:
             check_reference_bytes(new_items, expanded, self.env.limits)
             new_items = expanded
+        prior_checks = previous.checks if previous else {}
+        prior_output = previous.output_items if previous else []
+        outcome, later = await prepare_checks(
+            self.env.checks(self.request.model),
+            prior_checks,
+            prior_output,
+            new_items,
+            overlap=self.env.overlap_checks,
+        )
+        new_items = outcome.items
         tools = self._chat_tools(previous)
         sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
         if tools.dropped:
             self._hosted_tools(tools, labels, previous.deployment if previous else None)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
-        prompt = base.extend(render_items(new_items))
-        check_conversation_bytes(prompt.held, self.env.limits)
         self._plan = _Plan(
             new_items=new_items,
             tools=tools,
             chat_tools=sent_tools,
             tool_choice=tool_choice,
-            prompt=prompt,
-            call_ids=with_calls(known_calls, introduced),
+            prompt=base.extend(render_items(new_items)),
+            call_ids=known_calls | introduced,
             cached_prefix_nbytes=base.nbytes,
             deployment=previous.deployment if previous else None,
             carry=dict(previous.carry) if previous else {},
-            prefix_messages=base.count,
-            labels=labels,
-            base_held=base.held,
+            prefix_messages=len(base.messages),
+            labels=labels | outcome.labels,
+            checks=outcome,
+            prior_checks=prior_checks,
+            prior_output=prior_output,
+            later_checks=later,
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
@@ -177,6 +195,15 @@ class Turn:
         await self.prepare()
         plan = self._plan
         assert plan is not None
+        pending = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
+        try:
+            async with contextlib.aclosing(self._events(plan, pending)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            pending.cancel()
+
+    async def _events(self, plan: _Plan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
         request = self.request
         response_id = self.response_id = new_id("resp")
         created_at = time.time()
@@ -206,11 +233,12 @@ class Turn:
                 carry=plan.carry,
                 stages=stages,
             )
-            failure: BackendError | None = None
+            failure: BackendError | APIError | None = None
             try:
                 async with (
                     contextlib.aclosing(self.env.backend.stream(backend_request)) as raw,
-                    contextlib.aclosing(restore_calls(raw, plan.tools, request.max_tool_calls)) as deltas,
+                    contextlib.aclosing(restore_calls(raw, plan.tools, request.max_tool_calls)) as restored,
+                    contextlib.aclosing(gated(restored, checks)) as deltas,
                 ):
                     async for delta in deltas:
                         if self._first_token is None:
@@ -221,6 +249,8 @@ class Turn:
                         if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
                             steered = True  # a safe output boundary: stop here, the successor takes the input
                             break
+            except CheckRefused as refused:
+                failure = refused.error
             except BackendError as exc:
                 failure = exc
             except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
@@ -235,6 +265,13 @@ class Turn:
             if not steered:
                 plan.deployment = backend_request.deployment
                 plan.carry = backend_request.carry
+        try:
+            await checks.outcome(plan.checks)
+        except APIError as error:  # a check that does not hold the first token refused (or failed) late
+            for event in self._fail(error, assembler, response_id, created_at):
+                yield event
+            return
+        plan.labels.update(plan.checks.labels)
         reason = "steered" if steered else None
         if reason is None and assembler.finish == "length":
             reason = "max_output_tokens"
@@ -315,11 +352,17 @@ class Turn:
                 "connection %s: dropping hosted tools %s, which this backend cannot run", self.connection_id, fresh
             )
 
-    def _fail(self, exc: BackendError, assembler: OutputAssembler, response_id: str, created_at: float) -> list[Event]:
-        """A failed turn: close what was open, report `response.failed` then the error; evict its parent."""
+    def _fail(
+        self, exc: BackendError | APIError, assembler: OutputAssembler, response_id: str, created_at: float
+    ) -> list[Event]:
+        """A failed turn: close what was open, report `response.failed` then the error.
+
+        A backend failure evicts the parent from the cache; a check's refusal (an `APIError`) leaves
+        the connection and its cache as they were.
+        """
         log.warning("turn %s failed: %s", response_id, exc)
-        error = exc.api_error()
-        if self.request.previous_response_id and self.cache is not None:
+        error = exc if isinstance(exc, APIError) else exc.api_error()
+        if isinstance(exc, BackendError) and self.request.previous_response_id and self.cache is not None:
             self.cache.evict(self.request.previous_response_id)
             metrics.CACHE_EVICTIONS.labels("failed_turn").inc()
         events = assembler.close("incomplete")
@@ -329,7 +372,7 @@ class Turn:
             status="failed",
             output=assembler.output,
             usage=assembler.usage,
-            error={"code": "server_error", "message": str(exc)},
+            error={"code": error.code if isinstance(exc, APIError) else "server_error", "message": error.message},
             created_at=created_at,
         )
         self.result.response = failed
@@ -348,11 +391,11 @@ class Turn:
             tools=self.request.tools or [],
             chat_tools=plan.tools,
             prompt=plan.prompt.extend(render_items(output)),
-            call_ids=with_calls(plan.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
+            call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] in CALL_TYPES},
             deployment=plan.deployment,
             carry=plan.carry,
             tenant=self.tenant,
-            base_held=plan.base_held,
+            checks=plan.prior_checks | plan.checks.states,
         )
         if self.cache is not None:
             self.cache.put(state)

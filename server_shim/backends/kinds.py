@@ -25,6 +25,7 @@ def simulated(deployment: DeploymentConfig) -> Backend:
         ttft_s=deployment.simulated_ttft_s,
         tokens_per_s=deployment.simulated_tokens_per_s,
         model=next(iter(deployment.models)),
+        guard=deployment.simulated_guard,
     )
 
 

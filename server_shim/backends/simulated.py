@@ -11,33 +11,49 @@ simplest arguments its schema accepts. When the newest input item is a tool outp
 replies with text that contains that output. With `text.format` json_schema it answers
 with one JSON instance of the schema (deterministic, valid against it); with
 json_object, `{}`-shaped JSON.
+
+Guard mode (`guard = {category: [words]}`, e.g. `simulated_guard = { S1 = ["attack"] }` on a
+simulated deployment): it answers as Llama Guard does, deterministically: `unsafe` and the
+categories (in the order given) whose words appear, as whole words in any case, in the newest
+user message, or `safe` when none does. The built-in `guard` check uses it in tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import zlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens
 from .json_instance import json_instance
 
 DEFAULT_TOKENS = 16
-MAX_OUTPUT_TOKENS = 32_768
-"""The simulator never streams more, whatever `max_output_tokens` asks (then it finishes with 'length')."""
 WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ", "token ", "stream ")
 
 
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, *, ttft_s: float = 0.0, tokens_per_s: float = 0.0, model: str = "simulated-1") -> None:
+    def __init__(
+        self,
+        *,
+        ttft_s: float = 0.0,
+        tokens_per_s: float = 0.0,
+        model: str = "simulated-1",
+        guard: dict[str, list[str]] | None = None,
+    ) -> None:
         self.ttft_s = ttft_s
         self.tokens_per_s = tokens_per_s
         self.model = model
+        self.guard = {
+            c: re.compile("|".join(rf"\b{re.escape(w)}\b" for w in words), re.I)
+            for c, words in (guard or {}).items()
+            if words
+        }
 
     async def models(self) -> list[str]:
         return [self.model]
@@ -49,19 +65,26 @@ class SimulatedBackend:
         return None
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
-        call = _requested_call(request)
-        pieces = iter(_call_pieces(call, request.prompt.count)) if call else _text_pieces(request)
+        call = None if self.guard else _requested_call(request)
+        if self.guard:
+            pieces: list[Delta] = [TextDelta(self._guard_verdict(request))]
+        else:
+            pieces = _call_pieces(call, len(request.prompt.messages)) if call else _text_pieces(request)
         pacer = _Pacer(self.ttft_s, self.tokens_per_s)
-        output_tokens = 0
         for index, piece in enumerate(pieces):
             await pacer.wait(index)
-            output_tokens += 1
             yield piece
+        output_tokens = len(pieces)
         input_tokens = request.estimate_input_tokens()
         cached = estimate_tokens(request.cached_prefix_nbytes) if request.cached_prefix_nbytes else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens))
-        capped = (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
-        yield Finish("tool_calls" if call else "length" if capped else "stop")
+        yield Finish("tool_calls" if call else "stop")
+
+    def _guard_verdict(self, request: BackendRequest) -> str:
+        users = [m for m in request.prompt.messages if m["role"] == "user"]
+        text = _text(users[-1]["content"]) if users else ""
+        hit = [category for category, pattern in self.guard.items() if pattern.search(text)]
+        return f"unsafe\n{','.join(hit)}" if hit else "safe"
 
 
 class _Pacer:
@@ -81,19 +104,17 @@ class _Pacer:
             await asyncio.sleep(0)
 
 
-def _text_pieces(request: BackendRequest) -> Iterator[Delta]:
-    """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
+def _text_pieces(request: BackendRequest) -> list[Delta]:
     structured = _structured(request.options.get("response_format"))
     if structured is not None:
-        yield from (TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8))
-        return
+        return [TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8)]
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
-    count = min(count, MAX_OUTPUT_TOKENS)
-    last = request.prompt.last_message
+    last = request.prompt.messages[-1] if request.prompt.messages else None
+    pieces: list[Delta] = []
     if last is not None and last["role"] == "tool":
-        yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}")
-        count -= 1
-    yield from (TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count)))
+        pieces.append(TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}"))
+    pieces.extend(TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count - len(pieces))))
+    return pieces
 
 
 def _structured(response_format: Any) -> str | None:
@@ -107,18 +128,18 @@ def _structured(response_format: Any) -> str | None:
 
 
 def _requested_call(request: BackendRequest) -> tuple[str, str] | None:
-    last = request.prompt.last_message
+    messages = request.prompt.messages
     if not request.tools:
         return None
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in request.tools}
-    if last is not None and last["role"] == "user":
-        lines = _text(last["content"]).splitlines()
+    if messages and messages[-1]["role"] == "user":
+        lines = _text(messages[-1]["content"]).splitlines()
         for index, line in enumerate(lines):
             call = _directive(line.strip(), lines[index + 1 :], schemas)
             if call is not None:
                 return call
     forced = _forced(request.tool_choice, schemas)
-    if forced is None or (last is not None and last["role"] == "tool"):
+    if forced is None or (messages and messages[-1]["role"] == "tool"):
         return None
     return forced, json.dumps(json_instance(schemas[forced] or {"type": "object"}))
 
