@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -34,6 +34,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import relay
 
         return relay.run, relay.table
+    if name == "replicas":
+        from . import replicas
+
+        return replicas.run, replicas.table
     if name == "litellm":
         from . import peer_litellm
 

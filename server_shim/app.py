@@ -160,7 +160,7 @@ def create_app(
 def build_store(settings: Settings) -> ResponseStore:
     """The store `settings.store` names: in-process memory, or Redis shared by workers and replicas."""
     if settings.store == "memory":
-        return MemoryResponseStore(settings.store_max_responses)
+        return MemoryResponseStore(settings.store_max_responses, settings.store_max_bytes)
     from .redis_store import RedisResponseStore
 
     return RedisResponseStore(

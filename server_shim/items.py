@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from typing import Any
 
 from openai.types.responses import ResponseInputItemParam
@@ -39,7 +39,7 @@ def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set
     state), so a `function_call_output` can be checked without walking the history.
     """
     introduced: set[str] = set()
-    known = known_call_ids if isinstance(known_call_ids, (set, frozenset)) else set(known_call_ids)
+    known = known_call_ids if isinstance(known_call_ids, Set) else set(known_call_ids)
     for index, item in enumerate(items):
         param = f"input[{index}]"
         if not isinstance(item, dict):

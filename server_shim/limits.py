@@ -26,6 +26,7 @@ class RequestLimits:
     max_reference_bytes: int = 4 * 1024 * 1024
     max_tools: int = 128
     max_tool_schema_depth: int = 32
+    max_conversation_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Any) -> RequestLimits:
@@ -123,3 +124,15 @@ def deeper_than(value: Any, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
+
+
+def check_conversation_bytes(held: int, limits: RequestLimits) -> None:
+    """One conversation's history is bounded by the memory it holds: every later turn of it holds that much."""
+    if held > limits.max_conversation_bytes:
+        raise APIError(
+            400,
+            "conversation_too_large",
+            f"The conversation's history would hold {held} bytes in memory; at most {limits.max_conversation_bytes} "
+            "are allowed. Start a new conversation or compact this one.",
+            "input",
+        )

@@ -151,18 +151,26 @@ class RedisResponseStore:
             raise store_unavailable() from exc
 
 
-def connect(url: str, timeout_s: float) -> redis.asyncio.Redis:
-    """An asyncio client that fails fast when Redis is away (a short retry, then an error) and reconnects later."""
+def connect(url: str, timeout_s: float, max_connections: int = 64) -> redis.asyncio.Redis:
+    """An asyncio client that fails fast when Redis is away (a short retry, then an error) and reconnects later.
+
+    A blocking pool: under load a command waits (up to 10 s, or `timeout_s` if longer) for one of
+    `max_connections` connections instead of failing with "Too many connections"; a Redis that is
+    down still fails at once (connection refused) or within `timeout_s` (no answer).
+    """
     try:
         import redis.asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
     except ImportError:
         raise RuntimeError("a redis:// store needs the redis package: pip install 'responses-ws[redis]'") from None
-    return redis.asyncio.Redis.from_url(
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=max(timeout_s, 10.0),
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
         health_check_interval=30,
     )
+    return redis.asyncio.Redis.from_pool(pool)

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from .footprint import footprint
 from .items import Item
 
 Message = dict[str, Any]
@@ -29,23 +30,68 @@ def encode(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ChatPrompt:
-    """The history as chat messages (instructions excluded) and their encodings."""
+    """The history as chat messages (instructions excluded) and their encodings.
 
-    messages: tuple[Message, ...] = ()
-    fragments: tuple[bytes, ...] = ()
+    A chain of segments: each `extend` adds one segment and points at the prompt it extends,
+    so the states of a conversation share their history and N turns hold O(total bytes), not
+    O(N^2). `messages` and `fragments` walk the chain (O(N), as the backend body join is).
+    """
+
+    parent: ChatPrompt | None = field(default=None, repr=False)
+    own_messages: tuple[Message, ...] = ()
+    own_fragments: tuple[bytes, ...] = ()
+    count: int = 0
+    """Messages in the whole chain."""
     nbytes: int = 0
+    """JSON bytes of the whole chain (what the backend body carries)."""
+    held: int = 0
+    """Memory the whole chain holds (see `footprint`), for the byte bounds of the cache and the store."""
 
     def extend(self, messages: list[Message]) -> ChatPrompt:
         if not messages:
             return self
-        fragments = [encode(m) for m in messages]
+        # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
+        fragments = tuple(bytes(memoryview(encode(m))) for m in messages)
+        own = tuple(messages)
         return ChatPrompt(
-            self.messages + tuple(messages),
-            self.fragments + tuple(fragments),
+            self if self.count else None,
+            own,
+            fragments,
+            self.count + len(own),
             self.nbytes + sum(len(f) + 1 for f in fragments),
+            self.held + footprint((own, fragments)),
         )
+
+    def _segments(self) -> list[ChatPrompt]:
+        segments = []
+        node: ChatPrompt | None = self
+        while node is not None:
+            segments.append(node)
+            node = node.parent
+        segments.reverse()
+        return segments
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return tuple(m for segment in self._segments() for m in segment.own_messages)
+
+    @property
+    def fragments(self) -> tuple[bytes, ...]:
+        return tuple(f for segment in self._segments() for f in segment.own_fragments)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal histories: the same encoded messages (the chains may be built differently)."""
+        if not isinstance(other, ChatPrompt):
+            return NotImplemented
+        return self.nbytes == other.nbytes and self.fragments == other.fragments
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def last_message(self) -> Message | None:
+        return self.own_messages[-1] if self.own_messages else None
 
     def encoded_messages(self, instructions: str | None) -> bytes:
         """The JSON array of messages, with the request's instructions as the leading system message."""

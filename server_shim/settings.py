@@ -47,14 +47,16 @@ class Settings(BaseSettings):
     max_reference_bytes: int = 4 * 1024 * 1024
     max_tools: int = 128
     max_tool_schema_depth: int = 32
+    max_conversation_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     connection_max_age_s: float = Field(default=3600.0, gt=0)
     max_lanes: int = Field(default=32, ge=1)
     max_in_flight: int = Field(default=16, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
 
     cache_max_responses: int = Field(default=256, ge=1)
-    cache_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    cache_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     store_max_responses: int = Field(default=10_000, ge=1)
+    store_max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
     store: str = Field(
         default="memory",
         description="'memory' (per process) or a Redis URL shared by workers and replicas, e.g. redis://127.0.0.1:6379/0",

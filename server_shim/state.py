@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import metrics
+from .callids import own_calls
+from .footprint import footprint
 from .items import Item
 from .render import ChatPrompt
 from .tools import ChatTools
+
+STATE_OVERHEAD = 1024
+"""The state object, its call-id set and the bookkeeping around it, per response."""
 
 
 @dataclass(slots=True)
@@ -22,25 +28,89 @@ class ResponseState:
     tools: list[dict[str, Any]]
     chat_tools: ChatTools
     prompt: ChatPrompt
-    call_ids: frozenset[str]
+    call_ids: Set[str]
     deployment: str | None = None
     carry: dict[str, Any] = field(default_factory=dict)
     tenant: str | None = None
     """The id of the API key's tenant that created it (see `tenants`); None when the server has no keys."""
     checks: dict[str, Any] = field(default_factory=dict)
     """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
+    base_held: int = 0
+    """Memory of the history shared with the previous response's prompt (0 when it has none)."""
+    own_bytes: int = field(default=0, compare=False)
+    """Memory this state adds: its items, tools, Response object and its own segment of the prompt."""
+
+    def __post_init__(self) -> None:
+        self.own_bytes = (
+            STATE_OVERHEAD
+            + self.prompt.held
+            - self.base_held
+            + footprint(
+                (
+                    self.response,
+                    self.input_items,
+                    self.output_items,
+                    self.tools,
+                    self.carry,
+                    self.checks,
+                    tuple(own_calls(self.call_ids)),
+                )
+            )
+        )
 
     @property
     def id(self) -> str:
         return self.response["id"]
 
     @property
-    def size(self) -> int:
-        """Memory held, for the cache's byte bound: the rendered history dominates.
+    def parent_id(self) -> str | None:
+        return self.response.get("previous_response_id")
 
-        States of one chain share their history, so the sum over-counts: the bound is safe.
-        """
-        return self.prompt.nbytes + 1024
+    @property
+    def size(self) -> int:
+        """Memory held by this state alone, history included (what it costs when its parent is gone)."""
+        return self.own_bytes + self.base_held
+
+
+class ChainLedger:
+    """Bytes held by a set of states whose histories are shared along `previous_response_id` chains.
+
+    A state whose parent is in the set is charged only what it adds; one whose parent is not
+    is charged its whole history too. When a parent leaves, its children in the set are
+    re-charged in full. So a chain of N turns counts O(total bytes), as it holds, not O(N^2);
+    branches from one evicted parent count the shared history once each (an over-count).
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._charges: dict[str, int] = {}
+        self._children: dict[str, set[str]] = {}
+        self._states: dict[str, ResponseState] = {}
+
+    def add(self, state: ResponseState) -> None:
+        self.remove(state.id)
+        parent = state.parent_id
+        if parent is not None and parent in self._states:
+            charge = state.own_bytes
+            self._children.setdefault(parent, set()).add(state.id)
+        else:
+            charge = state.size
+        self._states[state.id] = state
+        self._charges[state.id] = charge
+        self.total += charge
+
+    def remove(self, response_id: str) -> None:
+        state = self._states.pop(response_id, None)
+        if state is None:
+            return
+        self.total -= self._charges.pop(response_id)
+        parent = state.parent_id
+        if parent is not None and parent in self._children:
+            self._children[parent].discard(response_id)
+        for child_id in self._children.pop(response_id, ()):
+            child = self._states[child_id]
+            self.total += child.size - self._charges[child_id]
+            self._charges[child_id] = child.size
 
 
 class ConnectionCache:
@@ -50,7 +120,7 @@ class ConnectionCache:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._bytes = 0
+        self._ledger = ChainLedger()
         self.notices: set[str] = set()
         """What this connection was told once already (hosted tools dropped, ...)."""
 
@@ -62,7 +132,8 @@ class ConnectionCache:
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        """Memory the cached states hold (see `ChainLedger`)."""
+        return self._ledger.total
 
     def get(self, response_id: str) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -73,16 +144,15 @@ class ConnectionCache:
     def put(self, state: ResponseState) -> None:
         self.evict(state.id)
         self._states[state.id] = state
-        self._bytes += state.size
-        while len(self._states) > 1 and (len(self._states) > self.max_responses or self._bytes > self.max_bytes):
-            _, oldest = self._states.popitem(last=False)
-            self._bytes -= oldest.size
+        self._ledger.add(state)
+        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
+            oldest, _ = self._states.popitem(last=False)
+            self._ledger.remove(oldest)
             metrics.CACHE_EVICTIONS.labels("capacity").inc()
 
     def evict(self, response_id: str) -> None:
-        state = self._states.pop(response_id, None)
-        if state is not None:
-            self._bytes -= state.size
+        if self._states.pop(response_id, None) is not None:
+            self._ledger.remove(response_id)
 
     def ids(self) -> list[str]:
         return list(self._states)
@@ -106,17 +176,25 @@ class ResponseStore(Protocol):
 
 
 class MemoryResponseStore:
-    """The default store: a bounded in-process dict (oldest dropped first)."""
+    """The default store: an in-process dict bounded by count and by the memory it holds (oldest dropped first)."""
 
-    def __init__(self, max_responses: int = 10_000) -> None:
+    def __init__(self, max_responses: int = 10_000, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.max_responses = max_responses
+        self.max_bytes = max_bytes
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
+        self._ledger = ChainLedger()
+
+    @property
+    def nbytes(self) -> int:
+        return self._ledger.total
 
     async def save(self, state: ResponseState) -> None:
         self._states[state.id] = state
         self._states.move_to_end(state.id)
-        while len(self._states) > self.max_responses:
-            self._states.popitem(last=False)
+        self._ledger.add(state)
+        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
+            oldest, _ = self._states.popitem(last=False)
+            self._ledger.remove(oldest)
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -126,7 +204,9 @@ class MemoryResponseStore:
         if await self.load(response_id, tenant) is None:
             return False
         del self._states[response_id]
+        self._ledger.remove(response_id)
         return True
 
     async def aclose(self) -> None:
         self._states.clear()
+        self._ledger = ChainLedger()

@@ -10,18 +10,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendRequest
+from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, invalid, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
-from .limits import DEFAULT_LIMITS, RequestLimits, check_reference_bytes
+from .limits import DEFAULT_LIMITS, RequestLimits, check_conversation_bytes, check_reference_bytes
 from .postinference import PostInference, TurnInfo
 from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
@@ -63,12 +64,14 @@ class _Plan:
     chat_tools: list | None
     tool_choice: object
     prompt: ChatPrompt
-    call_ids: frozenset[str]
+    call_ids: Set[str]
     cached_prefix_nbytes: int
     deployment: str | None
     carry: dict
     prefix_messages: int
     labels: dict[str, str]
+    base_held: int
+    """Memory of the history this turn extends (shared with the previous state, not its own)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
     """What the checks run before inference found; merged with those run beside it."""
     prior_checks: dict[str, Any] = field(default_factory=dict)
@@ -130,7 +133,7 @@ class Turn:
         previous = await self._resolve_previous()
         stages.mark("resolve")
         new_items = expand_compactions(normalize_input(self.request.input))
-        known_calls = previous.call_ids if previous else frozenset()
+        known_calls: Set[str] = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
         started = stages.clock()
         await run_validators(self.env.validators, new_items, previous, self.request)
@@ -158,18 +161,21 @@ class Turn:
             self._hosted_tools(tools, labels, previous.deployment if previous else None)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
+        prompt = base.extend(render_items(new_items))
+        check_conversation_bytes(prompt.held, self.env.limits)
         self._plan = _Plan(
             new_items=new_items,
             tools=tools,
             chat_tools=sent_tools,
             tool_choice=tool_choice,
-            prompt=base.extend(render_items(new_items)),
-            call_ids=known_calls | introduced,
+            prompt=prompt,
+            call_ids=with_calls(known_calls, introduced),
             cached_prefix_nbytes=base.nbytes,
             deployment=previous.deployment if previous else None,
             carry=dict(previous.carry) if previous else {},
-            prefix_messages=len(base.messages),
+            prefix_messages=base.count,
             labels=labels | outcome.labels,
+            base_held=base.held,
             checks=outcome,
             prior_checks=prior_checks,
             prior_output=prior_output,
@@ -391,10 +397,11 @@ class Turn:
             tools=self.request.tools or [],
             chat_tools=plan.tools,
             prompt=plan.prompt.extend(render_items(output)),
-            call_ids=plan.call_ids | {i["call_id"] for i in output if i["type"] in CALL_TYPES},
+            call_ids=with_calls(plan.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
             deployment=plan.deployment,
             carry=plan.carry,
             tenant=self.tenant,
+            base_held=plan.base_held,
             checks=plan.prior_checks | plan.checks.states,
         )
         if self.cache is not None:

@@ -116,7 +116,7 @@ def chat_server() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def _redis_server() -> Iterator[Any]:
-    from support.redis_server import RedisServer
+    from benchmarks.redis_server import RedisServer
 
     with RedisServer() as redis_server:
         yield redis_server

@@ -93,7 +93,8 @@ def test_extending_never_re_encodes_or_changes_the_parent():
     parent = chained(AGENT_LOOP[:3])
     fragments = parent.fragments
     child = parent.extend(render_items([user("more")]))
-    assert parent.fragments is fragments and len(parent.messages) == 3
+    assert parent.fragments == fragments and len(parent.messages) == 3
+    assert child.parent is parent, "the child shares its parent's history instead of copying it"
     assert all(a is b for a, b in zip(child.fragments, parent.fragments, strict=False))
     assert child.nbytes == parent.nbytes + len(encode(child.messages[-1])) + 1
     assert parent.extend([]) is parent
@@ -159,3 +160,29 @@ def test_a_tool_output_given_as_parts_renders_as_text():
 @pytest.mark.parametrize("item", [{"type": "reasoning", "id": "rs_1", "summary": []}])
 def test_items_without_a_chat_form_render_nothing(item):
     assert render_items([item]) == []
+
+
+def test_a_long_chain_holds_each_message_once_and_reads_back_in_order():
+    prompt = ChatPrompt()
+    for n in range(2_000):
+        prompt = prompt.extend(render_items([user(f"turn {n}")]))
+    assert prompt.count == 2_000 and prompt.last_message == {"content": "turn 1999", "role": "user"}
+    assert [m["content"] for m in prompt.messages[:2]] == ["turn 0", "turn 1"]
+    assert prompt.encoded_messages(None).count(b'"role":"user"') == 2_000
+    # the footprint grows linearly: the last 1,000 turns added about as much as the first 1,000
+    middle = prompt
+    for _ in range(1_000):
+        middle = middle.parent
+    assert 0.8 < (prompt.held - middle.held) / middle.held < 1.25
+
+
+def test_cached_fragments_are_right_sized_not_orjson_buffers():
+    import tracemalloc
+
+    tracemalloc.start()
+    prompt = ChatPrompt()
+    for n in range(500):
+        prompt = prompt.extend([{"content": f"m{n}", "role": "user"}])
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert held < 500 * 1024, f"{held / 500:.0f} bytes per small message"

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+from typing import Any
+
+import orjson
 import pytest
 from openai import AsyncOpenAI
-from support.wire import API_KEY, completed_ok, only_connection, recv_event, run_turn, send_raw, user
+from support.wire import API_KEY, MODEL, completed_ok, only_connection, recv_event, run_turn, send_raw, user, ws_url
+from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.render import ChatPrompt, render_items
-from server_shim.state import ConnectionCache, MemoryResponseStore, ResponseState
+from server_shim.state import ChainLedger, ConnectionCache, MemoryResponseStore, ResponseState
 from server_shim.tools import ChatTools
 
 
@@ -153,3 +160,137 @@ async def test_chaining_works_with_and_without_store(client, server, store):
     async with client.responses.connect() as conn:
         first = await run_turn(conn, input=[user("a")], store=store)
         completed_ok(await run_turn(conn, input=[user("b")], previous_response_id=first.id, store=store))
+
+
+# --- memory by real footprint, histories shared along chains -------------------------------------
+
+
+def chain(length: int, output_bytes: int = 4096) -> list[ResponseState]:
+    """A conversation of `length` turns, each adding a 4 KB tool output, built the way turns build it."""
+    states: list[ResponseState] = []
+    prompt = ChatPrompt()
+    for n in range(length):
+        base = prompt
+        items = [user(f"step {n}"), {"type": "function_call_output", "call_id": f"c{n}", "output": "o" * output_bytes}]
+        prompt = base.extend(render_items(items[:1])).extend([{"content": items[1]["output"], "role": "user"}])
+        parent = states[-1].id if states else None
+        states.append(
+            ResponseState(
+                response={"id": f"r{n}", "previous_response_id": parent},
+                input_items=items,
+                output_items=[],
+                tools=[],
+                chat_tools=ChatTools(),
+                prompt=prompt,
+                call_ids=frozenset(),
+                base_held=base.held,
+            )
+        )
+    return states
+
+
+def test_a_chain_is_counted_once_not_once_per_turn():
+    states = chain(400)
+    ledger = ChainLedger()
+    for one in states:
+        ledger.add(one)
+    per_turn = states[-1].own_bytes
+    assert per_turn > 4096, "the footprint counts the output itself"
+    assert ledger.total < 400 * per_turn * 1.2, "O(total bytes)"
+    assert states[-1].size > states[-1].prompt.held > 400 * 2 * 4096, "alone, the newest holds the whole history"
+
+
+def test_evicting_a_parent_charges_its_child_with_the_history_it_still_holds():
+    states = chain(3)
+    ledger = ChainLedger()
+    for one in states:
+        ledger.add(one)
+    ledger.remove("r1")
+    assert ledger.total == states[0].size + states[2].size
+    ledger.remove("r0")
+    ledger.remove("r2")
+    assert ledger.total == 0
+
+
+def test_the_cache_keeps_a_long_chain_within_its_byte_bound():
+    states = chain(400)
+    history = states[-1].size
+    cache = ConnectionCache(max_responses=10_000, max_bytes=history + 60 * states[-1].own_bytes)
+    for one in states:
+        cache.put(one)
+    assert cache.nbytes <= cache.max_bytes
+    assert len(cache) > 60, "the newest turns stay, each charged only what it adds to the shared history"
+
+
+async def test_the_memory_store_is_bounded_by_bytes():
+    store = MemoryResponseStore(max_responses=10_000, max_bytes=2 * 1024 * 1024)
+    for one in chain(200):
+        await store.save(one)
+    assert store.nbytes <= 2 * 1024 * 1024
+    assert await store.load("r199", None) is not None and await store.load("r0", None) is None
+
+
+async def test_a_thousand_stored_turns_with_4kb_tool_outputs_hold_linear_memory(make_server):
+    """The issue's case: store true, 4 KB tool outputs; 4k turns held 598 MB before (each state copied its history)."""
+    server = make_server()
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        previous = None
+        store = server.shim.env.store
+        halfway = 0
+        for n in range(300):
+            turn = await run_turn(
+                conn, input=[user(f"step {n}: " + "t" * 4096)], previous_response_id=previous, max_output_tokens=2
+            )
+            previous = turn.id
+            halfway = store.nbytes if n == 149 else halfway
+        cache = only_connection(server).cache
+        assert 1.8 < store.nbytes / halfway < 2.2, "twice the turns hold twice the bytes, not four times"
+        assert store.nbytes < 300 * 4096 * 6, f"{store.nbytes / 300:.0f} bytes per 4 KB turn in the store"
+        assert cache.nbytes < 300 * 4096 * 6
+        completed_ok(await run_turn(conn, input=[user("and one more")], previous_response_id=previous))
+
+
+async def test_frames_of_many_tiny_items_are_counted_by_what_they_hold_and_memory_stays_bounded(make_server):
+    """The issue's case: ten frames of tiny items took RSS from 44 MB to 2.7 GB (counted by JSON length only)."""
+    server = make_server(cache_max_bytes=8 * 1024 * 1024, max_conversation_bytes=6 * 1024 * 1024)
+    items = [{"type": "message", "role": "user", "content": "x"}] * 5_000
+    rss_before = _rss()
+    async with ws_connect(ws_url(server), max_size=None) as ws:
+        previous = None
+        codes = []
+        for _ in range(10):  # one conversation: refused once it would hold more than its bound
+            await ws.send(orjson.dumps({**_create(items, previous), "store": False}).decode())
+            event = await _terminal(ws)
+            codes.append(event["type"] if event["type"] != "error" else event["error"]["code"])
+            previous = event["response"]["id"] if event["type"] == "response.completed" else previous
+        assert "conversation_too_large" in codes and codes[0] == "response.completed"
+        for _ in range(10):  # ten conversations: the cache drops the oldest to stay in its bound
+            await ws.send(orjson.dumps({**_create(items, None), "store": False}).decode())
+            assert (await _terminal(ws))["type"] == "response.completed"
+        cache = only_connection(server).cache
+        newest = cache.get(cache.ids()[-1])
+        assert newest is not None and newest.own_bytes > 5_000 * 150, "each tiny item costs far more than its JSON"
+        assert cache.nbytes <= 8 * 1024 * 1024
+    assert _rss() - rss_before < 150 * 1024 * 1024
+
+
+def _create(items: list[dict[str, Any]], previous: str | None) -> dict[str, Any]:
+    return {
+        "type": "response.create",
+        "model": MODEL,
+        "input": items,
+        "previous_response_id": previous,
+        "max_output_tokens": 1,
+    }
+
+
+async def _terminal(ws: Any) -> dict[str, Any]:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        if event["type"] in ("response.completed", "error"):
+            return event
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -25,13 +25,15 @@ import json
 import re
 import time
 import zlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens
 from .json_instance import json_instance
 
 DEFAULT_TOKENS = 16
+MAX_OUTPUT_TOKENS = 32_768
+"""The simulator never streams more, whatever `max_output_tokens` asks (then it finishes with 'length')."""
 WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ", "token ", "stream ")
 
 
@@ -67,18 +69,20 @@ class SimulatedBackend:
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         call = None if self.guard else _requested_call(request)
         if self.guard:
-            pieces: list[Delta] = [TextDelta(self._guard_verdict(request))]
+            pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(request))])
         else:
-            pieces = _call_pieces(call, len(request.prompt.messages)) if call else _text_pieces(request)
+            pieces = iter(_call_pieces(call, request.prompt.count)) if call else _text_pieces(request)
         pacer = _Pacer(self.ttft_s, self.tokens_per_s)
+        output_tokens = 0
         for index, piece in enumerate(pieces):
             await pacer.wait(index)
+            output_tokens += 1
             yield piece
-        output_tokens = len(pieces)
         input_tokens = request.estimate_input_tokens()
         cached = estimate_tokens(request.cached_prefix_nbytes) if request.cached_prefix_nbytes else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens))
-        yield Finish("tool_calls" if call else "stop")
+        capped = (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
+        yield Finish("tool_calls" if call else "length" if capped else "stop")
 
     def _guard_verdict(self, request: BackendRequest) -> str:
         users = [m for m in request.prompt.messages if m["role"] == "user"]
@@ -104,17 +108,19 @@ class _Pacer:
             await asyncio.sleep(0)
 
 
-def _text_pieces(request: BackendRequest) -> list[Delta]:
+def _text_pieces(request: BackendRequest) -> Iterator[Delta]:
+    """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
     structured = _structured(request.options.get("response_format"))
     if structured is not None:
-        return [TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8)]
+        yield from (TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8))
+        return
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
-    last = request.prompt.messages[-1] if request.prompt.messages else None
-    pieces: list[Delta] = []
+    count = min(count, MAX_OUTPUT_TOKENS)
+    last = request.prompt.last_message
     if last is not None and last["role"] == "tool":
-        pieces.append(TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}"))
-    pieces.extend(TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count - len(pieces))))
-    return pieces
+        yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}")
+        count -= 1
+    yield from (TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count)))
 
 
 def _structured(response_format: Any) -> str | None:
@@ -128,18 +134,18 @@ def _structured(response_format: Any) -> str | None:
 
 
 def _requested_call(request: BackendRequest) -> tuple[str, str] | None:
-    messages = request.prompt.messages
+    last = request.prompt.last_message
     if not request.tools:
         return None
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in request.tools}
-    if messages and messages[-1]["role"] == "user":
-        lines = _text(messages[-1]["content"]).splitlines()
+    if last is not None and last["role"] == "user":
+        lines = _text(last["content"]).splitlines()
         for index, line in enumerate(lines):
             call = _directive(line.strip(), lines[index + 1 :], schemas)
             if call is not None:
                 return call
     forced = _forced(request.tool_choice, schemas)
-    if forced is None or (messages and messages[-1]["role"] == "tool"):
+    if forced is None or (last is not None and last["role"] == "tool"):
         return None
     return forced, json.dumps(json_instance(schemas[forced] or {"type": "object"}))
 

@@ -1,4 +1,4 @@
-"""A real `redis-server` on a free loopback port, persistence off, for the shared-store tests.
+"""A real `redis-server` on a free loopback port, persistence off, for the shared-store tests and benchmarks.
 
 No fake Redis: the Debian package `redis-server` must be installed (`.ci/run` installs it).
 `stop()` and `start()` again keep the port, so a test can restart Redis under a running shim.
