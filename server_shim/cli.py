@@ -57,7 +57,7 @@ def _usage(args: argparse.Namespace) -> int:
     from .ledger_sinks import RedisStreamSink, SqliteSink
     from .usage_report import parse_since, render, totals
 
-    loaded = _load(None, {"store": args.store, "usage_path": args.usage_path})
+    loaded = _load(args.config, {"store": args.store, "usage_path": args.usage_path})
     if loaded is None:
         return 2
     settings = loaded.settings
@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--format", choices=["table", "json", "csv"], default="table")
     usage.add_argument("--store", metavar="URL", help="the server's redis:// store: read its usage stream")
     usage.add_argument("--usage-path", metavar="PATH", help="the SQLite ledger (default: the server's usage_path)")
+    usage.add_argument("--config", help="the server's TOML config: its [server] store and usage_path; flags win")
     usage.set_defaults(func=_usage)
 
     check = sub.add_parser(

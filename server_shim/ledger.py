@@ -163,15 +163,24 @@ class Ledger:
             self._wake.set()
 
     async def _flush_forever(self) -> None:
+        """Flush every interval; while the sink fails (Redis down, disk full), back off up to 5 s and warn once."""
         assert self._wake is not None
+        failures = 0
         while True:
+            wait = min(5.0, self.flush_interval_s * 2**failures)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+                await asyncio.wait_for(self._wake.wait(), wait)
             self._wake.clear()
             try:
                 await self.flush()
-            except Exception:  # the sink is away (Redis down, disk full): the journal keeps the records
-                log.exception("usage ledger: write failed; %d record(s) kept in the journal", len(self._queue))
+            except Exception as exc:
+                if failures == 0:
+                    log.warning("usage ledger: write failed (%s); records stay in the journal and are retried", exc)
+                failures += 1
+            else:
+                if failures:
+                    log.info("usage ledger: writing again after %d failed attempt(s)", failures)
+                failures = 0
 
     async def flush(self) -> None:
         """Write everything accepted so far; on failure the records stay queued and journaled."""

@@ -130,18 +130,20 @@ def ok(turn: TurnEvents) -> TurnEvents:
     return turn
 
 
-async def test_each_response_is_recorded_with_tenant_transport_deployment_and_timings(tmp_path):
+async def test_each_response_is_recorded_with_tenant_transport_deployment_and_timings_and_drained_at_shutdown(tmp_path):
     recorder = InfoRecorder()
     manager = create_plugin_manager(load_entry_points=False)
     manager.register(recorder)
     usage_path = tmp_path / "usage.db"
-    settings = Settings(api_keys=["alice sk-a"], usage_path=str(usage_path), drain_timeout_s=2.0)
+    settings = Settings(
+        api_keys=["alice sk-a"], usage_path=str(usage_path), usage_flush_interval_s=60.0, drain_timeout_s=2.0
+    )
     with BackgroundServer(create_app(settings, plugin_manager=manager), settings) as server:
         async with AsyncOpenAI(base_url=server.base_url, api_key="sk-a", max_retries=0) as sdk:
             async with sdk.responses.connect() as conn:
                 over_ws = ok(await run_turn(conn, input=[user("hello")]))
             over_http = await sdk.responses.create(model=MODEL, input="hi")
-    # the server has stopped: its ledger drained at shutdown
+    # no flush came due (60 s): the records are in the ledger because shutdown drained the queue
     records = {r.id: r for r in SqliteSink(usage_path).read()}
     assert set(records) == {over_ws.id, over_http.id}
     ws_record, http_record = records[over_ws.id], records[over_http.id]
@@ -204,7 +206,7 @@ async def test_the_ledger_loses_nothing_when_the_server_is_killed_mid_load(serve
     assert len(recorded) <= len(accepted) + len(clients)  # at most the turns in flight at the kill
 
     report = subprocess.run(
-        [str(SCRIPT), "usage", "--usage-path", str(usage_path), "--format", "json"],
+        [str(SCRIPT), "usage", "--config", str(config), "--format", "json"],  # the server's own config file
         capture_output=True,
         text=True,
         timeout=30,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import openai
 import orjson
 import pytest
 from openai import AsyncOpenAI
 from support.wire import LOOKUP_TOOL, MODEL, TurnEvents, completed_ok, run_turn, user
 
+from server_shim.ledger_sinks import RedisStreamSink
 from server_shim.redis_store import ENCODING_VERSION, RedisResponseStore, UnreadableEntry, decode_state, encode_state
 from server_shim.render import ChatPrompt, render_items
 from server_shim.state import ResponseState
@@ -155,3 +159,9 @@ async def test_redis_down_fails_only_turns_that_need_the_store_and_the_service_r
         fresh = ok(await run_turn(conn, input=[user("four")]))
         continued = await on_b.responses.create(model=MODEL, input="five", previous_response_id=fresh.id)
         assert continued.status == "completed"
+    # usage accepted while Redis was down waited in the journal and reached the stream once it was back
+    expected = {second.id, fresh.id, continued.id}
+    deadline = time.monotonic() + 15
+    while not expected <= (ids := {r.id for r in RedisStreamSink(redis_server.url).read()}):
+        assert time.monotonic() < deadline, f"missing usage records: {expected - ids}"
+        await asyncio.sleep(0.1)
