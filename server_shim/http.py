@@ -233,7 +233,10 @@ async def readyz(request: Request) -> Response:
     status = getattr(shim.env.backend, "status", None)
     deployments = status() if status else {shim.env.backend.name: {"available": True}}
     ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
-    return json_response({"ready": ready, "deployments": deployments}, 200 if ready else 503)
+    # A shared store that is down does not make this replica unready: every replica shares it, and
+    # turns that only need a connection's cache still work. The body says so for operators.
+    store = {"kind": "memory" if shim.settings.store == "memory" else "redis", "reachable": await shim.env.store.ping()}
+    return json_response({"ready": ready, "deployments": deployments, "store": store}, 200 if ready else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:

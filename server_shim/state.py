@@ -172,6 +172,10 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str, tenant: str | None) -> bool: ...
 
+    async def ping(self) -> bool:
+        """Whether the store answers now (shown by `/readyz`); never raises."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -205,6 +209,9 @@ class MemoryResponseStore:
             return False
         del self._states[response_id]
         self._ledger.remove(response_id)
+        return True
+
+    async def ping(self) -> bool:
         return True
 
     async def aclose(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx2
 import openai
 import orjson
 import pytest
@@ -152,11 +153,14 @@ async def test_redis_down_fails_only_turns_that_need_the_store_and_the_service_r
             refused = await run_turn(other, input=[user("three")], previous_response_id=second.id)
             assert refused.error["error"]["code"] == "store_unavailable"
             completed_ok(await run_turn(other, input=[user("no store needed")], store=False))
+        probe = httpx2.get(b.base_url.removesuffix("/v1") + "/readyz").json()
+        assert probe["ready"] is True and probe["store"] == {"kind": "redis", "reachable": False}
         with pytest.raises(openai.InternalServerError) as http_refused:
             await on_b.responses.retrieve(first.id)
         assert http_refused.value.status_code == 503 and http_refused.value.code == "store_unavailable"
         redis_server.start()  # persistence is off: what was stored is gone, the service is not
         fresh = ok(await run_turn(conn, input=[user("four")]))
+        assert httpx2.get(b.base_url.removesuffix("/v1") + "/readyz").json()["store"]["reachable"] is True
         continued = await on_b.responses.create(model=MODEL, input="five", previous_response_id=fresh.id)
         assert continued.status == "completed"
     # usage accepted while Redis was down waited in the journal and reached the stream once it was back
