@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -38,6 +38,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import replicas
 
         return replicas.run, replicas.table
+    if name == "checks":
+        from . import checks
+
+        return checks.run, checks.table
     if name == "litellm":
         from . import peer_litellm
 

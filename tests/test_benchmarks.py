@@ -168,3 +168,24 @@ def test_statistics_helpers() -> None:
     assert stats["n"] == 3 and stats["median"] == 2.0 and stats["max"] == 3.0
     assert summarize([])["median"] is None
     assert paired_ratios([2.0, None, 3.0], [1.0, 1.0, 0.0]) == [2.0]
+
+
+@pytest.mark.timeout(120)
+def test_checks_suite_measures_both_paths_and_all_three_ttft_modes(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "checks", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _strict_json(tmp_path / "checks.json")
+    for point in result["cost"]:
+        assert _is_stats(point["incremental_ms"]) and _is_stats(point["full_history_ms"])
+        assert point["guard_calls"] == {"incremental": 1, "full_history": point["turn"]}
+    assert set(result["ttft_ms"]) == {"no_check", "sequential", "overlapped"}
+    assert all(stats["n"] > 0 for stats in result["ttft_ms"].values())
