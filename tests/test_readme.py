@@ -1,0 +1,193 @@
+"""A README that runs: every `python` and `bash` block of README.md and docs/**/*.md is executed.
+
+How the blocks run (in document order, against servers this module starts on loopback):
+
+- `python`: the block is the whole program, run with this interpreter, working directory the
+  repository root; it must exit 0 within its time limit.
+- `bash`: each command line runs with bash from the repository root and must exit 0. A
+  `responses-ws serve` line is a server: it must answer `/healthz`, then stop cleanly on SIGINT
+  with no traceback (its port comes from `RESPONSES_WS_PORT`, which the defaults and the config
+  files yield to; flags would not).
+- The addresses the README uses are the ones this module's servers listen on: `127.0.0.1:8787` is
+  replaced by a shim started here (`serve --api-key sk-local`, the simulated backend) and
+  `127.0.0.1:6379` by a `redis-server` started here; nothing else in a block is changed.
+- A block whose info string carries `{norun: <reason>}` is not run; the reason must be given, and
+  the list of such blocks is pinned below so a new one is a deliberate change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import pytest
+from support.chat_server import closed_port
+from support.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+RUNNABLE = {"python", "bash"}
+NOT_RUN = {  # blocks marked {norun: ...}, by their first line: each is a command that cannot run inside the suite
+    "python3 -m venv .venv && . .venv/bin/activate && pip install . && responses-ws demo",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev,llama]' && pytest -q",
+    "docker build -t responses-ws . && docker run --rm -p 127.0.0.1:8787:8787 -e RESPONSES_WS_API_KEYS=sk-local responses-ws",
+    "pip install -e '.[dev]' && python -m benchmarks          # or: responses-ws bench; --quick for a smoke run",
+    "pip install -e '.[dev,llama]' && pytest -q",
+}
+PYTHON_TIMEOUT_S = 120
+COMMAND_TIMEOUT_S = 120
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    language: str
+    norun: str | None
+    code: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        for match in FENCE.finditer(text):
+            info = match.group(1).strip()
+            language = info.split("{", 1)[0].strip().split(" ")[0]
+            norun = re.search(r"\{norun:\s*([^}]*)\}", info)
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(Block(path, line, language, norun.group(1).strip() if norun else None, match.group(2)))
+    return found
+
+
+RUN = [block for block in blocks() if block.language in RUNNABLE and block.norun is None]
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterator[dict[str, str]]:
+    """The shim the README's snippets talk to, and the environment every block runs in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPONSES_WS_", "OPENAI_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))  # the usage ledger of every server here
+    env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would export traces to api.openai.com
+    port = closed_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server_shim.cli", "serve", "--port", str(port), "--api-key", "sk-local"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _wait_healthy(port, process)
+    env["_README_SHIM"] = f"127.0.0.1:{port}"
+    env["_README_REDIS"] = f"127.0.0.1:{redis.port}"
+    yield env
+    process.send_signal(signal.SIGINT)
+    process.wait(30)
+
+
+def test_every_block_that_does_not_run_says_why_and_is_known():
+    skipped = [block for block in blocks() if block.norun is not None]
+    for block in skipped:
+        assert block.norun, f"{block.name}: {{norun: ...}} needs a reason"
+    assert {block.code.splitlines()[0] for block in skipped} == NOT_RUN
+    assert len(RUN) >= 10, "the README's examples are run"
+
+
+@pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
+def test_readme_block_runs(block: Block, shim: dict[str, str]) -> None:
+    code = block.code.replace("127.0.0.1:8787", shim["_README_SHIM"]).replace("127.0.0.1:6379", shim["_README_REDIS"])
+    if block.language == "python":
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=shim, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S
+        )
+        assert result.returncode == 0, f"{block.name}\n{code}\n{result.stdout}\n{result.stderr}"
+        return
+    for command in commands(code):
+        if re.match(r"responses-ws (--\S+ \S+ )*serve\b", command):
+            run_server(command, shim, block)
+        else:
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=ROOT, env=shim, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+            )
+            assert result.returncode == 0, f"{block.name}: {command}\n{result.stdout}\n{result.stderr}"
+
+
+def commands(code: str) -> list[str]:
+    """Command lines of a bash block (continuations joined, comment-only and blank lines dropped)."""
+    lines = code.replace("\\\n", " ").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def run_server(command: str, env: dict[str, str], block: Block) -> None:
+    port = closed_port()
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {command}"],
+        cwd=ROOT,
+        env={**env, "RESPONSES_WS_PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_healthy(port, process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)  # the server itself; with --workers it stops its children
+        try:
+            process.wait(30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # anything left in its session
+    output = process.stdout.read() if process.stdout else ""
+    assert process.returncode in (0, -signal.SIGINT), f"{block.name}: {command}\n{output}"
+    assert "Traceback" not in output, f"{block.name}: {command}\n{output}"
+
+
+def _wait_healthy(port: int, process: subprocess.Popen[str], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise AssertionError(f"the server exited with {process.returncode}:\n{output}")
+        try:
+            if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx2.TransportError:
+            time.sleep(0.1)
+    raise AssertionError(f"no answer on port {port} within {timeout_s} s")
+
+
+def test_every_relative_link_points_into_the_repository():
+    for path in DOCUMENTS:
+        text = path.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # an absolute URL
+            resolved = (path.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{path.name}: link to {target}"
