@@ -27,11 +27,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
 from support.chat_server import closed_port
-from support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -43,6 +43,7 @@ NOT_RUN = {  # blocks marked {norun: ...}, by their first line: each is a comman
     "docker build -t responses-ws . && docker run --rm -p 127.0.0.1:8787:8787 -e RESPONSES_WS_API_KEYS=sk-local responses-ws",
     "pip install -e '.[dev]' && python -m benchmarks          # or: responses-ws bench; --quick for a smoke run",
     "pip install -e '.[dev,llama]' && pytest -q",
+    "apt-get install redis-server            # or any Redis 6+; persistence is up to you",
 }
 PYTHON_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 120
@@ -80,14 +81,7 @@ RUN = [block for block in blocks() if block.language in RUNNABLE and block.norun
 
 
 @pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterator[dict[str, str]]:
+def shim(tmp_path_factory: pytest.TempPathFactory, _redis_server: Any) -> Iterator[dict[str, str]]:
     """The shim the README's snippets talk to, and the environment every block runs in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPONSES_WS_", "OPENAI_"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -104,7 +98,7 @@ def shim(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterat
     )
     _wait_healthy(port, process)
     env["_README_SHIM"] = f"127.0.0.1:{port}"
-    env["_README_REDIS"] = f"127.0.0.1:{redis.port}"
+    env["_README_REDIS"] = f"127.0.0.1:{_redis_server.port}"
     yield env
     process.send_signal(signal.SIGINT)
     process.wait(30)
