@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -166,19 +166,20 @@ async def test_abandoned_streams_are_stopped_on_the_server_and_hold_no_slot() ->
     with BackgroundServer(create_app(settings), settings) as slow:
         client = ws_transport.wrap(AsyncOpenAI(base_url=slow.base_url, api_key="x", max_retries=0))
         try:
-            waits = []
-            for n in range(20):
-                start = asyncio.get_running_loop().time()
+            for n in range(20):  # more than the 16 in-flight slots: a leaked slot would block a later turn
                 stream = await client.responses.create(model=MODEL, input=f"q{n}", stream=True)
                 async for _ in stream:
                     break
-                waits.append(asyncio.get_running_loop().time() - start)
                 await stream.close()
-            assert max(waits) < 1.0, f"a turn waited behind abandoned ones: {max(waits):.2f}s"
-            for _ in range(100):
-                if not slow.shim.connections:
-                    break
-                await asyncio.sleep(0.02)
-            assert not slow.shim.connections, "the abandoned turns' sockets were closed"
+                assert await eventually(lambda: not slow.shim.connections), f"turn {n} still runs on the server"
         finally:
             await client.close()
+
+
+async def eventually(check: Callable[[], bool], attempts: int = 200) -> bool:
+    """Poll `check` (20 ms apart): for state another task settles, not a timing assertion."""
+    for _ in range(attempts):
+        if check():
+            return True
+        await asyncio.sleep(0.02)
+    return check()

@@ -1,4 +1,4 @@
-"""The public surface of `ws_transport`: what a wrapped client still does, and what it cleans up."""
+"""`ws_transport.wrap`: what a wrapped client still does, what it sends, and what it cleans up."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from openai.types.responses import Response
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
-from ws_transport.portal import Portal
+from ws_transport.wrap import prepare
 
 MODEL = "simulated-1"
 
@@ -229,11 +229,45 @@ async def test_a_turn_on_a_closed_session_raises_session_closed(server: Backgrou
     assert isinstance(caught.value, openai.OpenAIError) and isinstance(caught.value, RuntimeError)
 
 
-def test_a_stopped_portal_starts_no_new_loop_thread() -> None:
-    portal = Portal("test-portal")
-    assert portal.call(asyncio.sleep(0, result=1)) == 1
-    portal.stop()
-    with pytest.raises(ws_transport.SessionClosed, match="closed"):
-        portal.call(asyncio.sleep(0))
-    assert not portal.running
-    assert "test-portal" not in {t.name for t in threading.enumerate()}
+# --- prepare: a call split before the SDK serializes it -------------------------------------------
+
+
+def test_prepare_splits_the_call_into_request_fields_and_input() -> None:
+    session = ws_transport.Session()
+    turn = prepare(
+        session, {"model": MODEL, "input": "hi", "stream": True, "temperature": openai.NOT_GIVEN, "timeout": 5}
+    )
+    assert turn is not None and turn.stream
+    assert turn.fields == {"model": MODEL}, "NOT_GIVEN and per-request arguments are not request fields"
+    assert turn.plan.items == [{"type": "message", "role": "user", "content": "hi"}]
+
+
+def test_prepare_merges_extra_body_into_the_fields() -> None:
+    turn = prepare(ws_transport.Session(), {"model": MODEL, "input": "hi", "extra_body": {"max_output_tokens": 3}})
+    assert turn is not None and turn.fields == {"model": MODEL, "max_output_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"model": MODEL, "input": "hi", "background": True},
+        {"model": MODEL, "extra_body": {"input": "hi"}},
+        {"model": MODEL, "input": "hi", "extra_body": "not a dict"},
+    ],
+    ids=["background", "input-in-extra-body", "odd-extra-body"],
+)
+def test_prepare_leaves_calls_it_cannot_split_to_the_sdk(call: dict[str, Any]) -> None:
+    assert prepare(ws_transport.Session(), call) is None
+
+
+def test_prepare_leaves_everything_to_the_sdk_once_the_session_fell_back() -> None:
+    session = ws_transport.Session()
+    session.http_only = True
+    assert prepare(session, {"model": MODEL, "input": "hi"}) is None
+
+
+def test_a_wrapped_call_leaves_no_ticket_behind(client: OpenAI) -> None:
+    client.responses.create(model=MODEL, input="hello")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="hi", temperature=5)
+    assert ws_transport.session_of(client).tickets == {}

@@ -1,0 +1,157 @@
+"""The session's asyncio layer against a bare `websockets` server that follows a script.
+
+The decisions are tested without sockets in `test_transport_policy.py`; here the question is
+whether the bytes move as decided: lanes keep turns apart, a socket starts reading only when
+told, a socket the server retires or the clock ages out is closed once its turns end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from support.clock import FakeClock
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+
+import ws_transport
+from ws_transport.connection import Connection
+from ws_transport.policy import Socket
+
+MODEL = "simulated-1"
+
+
+class Script:
+    """A bare server: answers each `response.create` with `created` + `completed` on its lane,
+    after the frames `before(frame)` returns; counts sockets and notes when each closes."""
+
+    def __init__(self, before: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None) -> None:
+        self.before = before or (lambda frame: [])
+        self.sockets = 0
+        self.closed = 0
+        self.frames: list[dict[str, Any]] = []
+        self.url = ""
+
+    async def handler(self, socket: ServerConnection) -> None:
+        self.sockets += 1
+        try:
+            async for message in socket:
+                frame = json.loads(message)
+                self.frames.append(frame)
+                for event in [*self.before(frame), *answer(frame, len(self.frames))]:
+                    await socket.send(json.dumps(event))
+        finally:
+            self.closed += 1
+
+
+def answer(frame: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    message = {
+        "type": "message",
+        "id": f"msg_{n}",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": f"answer {n}", "annotations": []}],
+    }
+    response = {"id": f"resp_{n}", "object": "response", "created_at": 0, "model": MODEL, "status": "completed"}
+    lane = {"stream_id": frame.get("stream_id")}
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": {**response, "output": []}, **lane},
+        {"type": "response.completed", "sequence_number": 1, "response": {**response, "output": [message]}, **lane},
+    ]
+
+
+@contextlib.asynccontextmanager
+async def started(script: Script) -> AsyncIterator[str]:
+    async with serve(script.handler, "127.0.0.1", 0) as listener:
+        port = listener.sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+def client(base_url: str, **options: Any) -> AsyncOpenAI:
+    return ws_transport.wrap(AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0), **options)
+
+
+async def eventually(check: Callable[[], bool]) -> bool:
+    for _ in range(200):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return check()
+
+
+async def test_a_connection_reads_only_once_started() -> None:
+    script = Script()
+    async with started(script) as base_url, connect(base_url.replace("http", "ws") + "/responses") as socket:
+        before = set(asyncio.all_tasks())
+        conn = Connection(socket, Socket(1, (), 0.0, capacity=16), lanes=True)
+        assert conn.reader is None and set(asyncio.all_tasks()) == before
+
+        class Listener:
+            closed: list[Connection] = []
+
+            def socket_closed(self, conn: Connection) -> None:
+                self.closed.append(conn)
+
+            def stray_event(self, conn: Connection, event: dict[str, Any]) -> None:
+                pass
+
+        listener = Listener()
+        conn.start(listener)
+        lane = conn.open_lane()
+        await conn.send(json.dumps({"type": "response.create", "stream_id": lane}).encode())
+        assert (await conn.next_event(lane, timeout=5))["type"] == "response.created"
+        await conn.aclose()
+        assert conn.reader is not None and conn.reader.done()
+        assert listener.closed == [conn]
+
+
+async def test_an_event_for_another_lane_never_reaches_the_turn() -> None:
+    stray = {"type": "response.output_text.delta", "delta": "not yours", "stream_id": "t999"}
+    script = Script(before=lambda frame: [stray])
+    async with started(script) as base_url, client(base_url) as wrapped:
+        events = await wrapped.responses.create(model=MODEL, input="hello", stream=True)
+        assert [e.type async for e in events] == ["response.created", "response.completed"]
+
+
+async def test_a_socket_the_server_retires_takes_no_new_turn_and_closes() -> None:
+    """A `websocket_connection_limit_reached` error for no lane: the server is closing this socket."""
+    retiring = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "code": "websocket_connection_limit_reached"},
+    }
+    script = Script(before=lambda frame: [retiring] if len(script.frames) == 1 else [])
+    async with started(script) as base_url, client(base_url) as wrapped:
+        await wrapped.responses.create(model=MODEL, input="first")
+        assert await eventually(lambda: script.closed == 1), "retired and idle: closed"
+        assert (await wrapped.responses.create(model=MODEL, input="second")).status == "completed"
+        assert script.sockets == 2
+        assert ws_transport.session_of(wrapped).stats.resends == 0
+
+
+async def test_a_socket_past_its_age_is_closed_after_its_turn_and_replaced() -> None:
+    clock = FakeClock()
+    script = Script()
+    async with started(script) as base_url, client(base_url, clock=clock, max_connection_age_s=60) as wrapped:
+        history: list[Any] = [{"role": "user", "content": "hello"}]
+        history += (await wrapped.responses.create(model=MODEL, input=history)).output
+        clock.advance(61)
+        history.append({"role": "user", "content": "later"})
+        assert (await wrapped.responses.create(model=MODEL, input=history)).status == "completed"
+        assert await eventually(lambda: script.closed == 1)
+        session = ws_transport.session_of(wrapped)
+        assert (script.sockets, session.stats.reconnects, len(session.connections)) == (2, 1, 1)
+    assert "previous_response_id" in script.frames[-1], "a stored chain continues on the new socket"
+
+
+@pytest.mark.parametrize("lanes", [True, False])
+async def test_concurrent_turns_share_sockets_as_the_pool_decides(lanes: bool) -> None:
+    script = Script()
+    async with started(script) as base_url, client(base_url, lanes=lanes, max_connections=2) as wrapped:
+        replies = await asyncio.gather(*(wrapped.responses.create(model=MODEL, input=f"q{n}") for n in range(6)))
+        assert all(r.status == "completed" for r in replies)
+    assert script.sockets == (1 if lanes else 2)
