@@ -26,6 +26,7 @@ from server_shim.hookspecs import (
     hookimpl,
     hookspec,
     responses_ws_backend_kinds,
+    responses_ws_checks,
     responses_ws_classifiers,
     responses_ws_response_finished,
     responses_ws_validators,
@@ -35,6 +36,7 @@ SERVER_HOOKS = (
     "responses_ws_backend_kinds",
     "responses_ws_validators",
     "responses_ws_classifiers",
+    "responses_ws_checks",
     "responses_ws_response_finished",
 )
 CLIENT_HOOKS = ("responses_ws_transport_options", "responses_ws_client_request", "responses_ws_client_event")
@@ -46,6 +48,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "responses_ws_backend_kinds",
+    "responses_ws_checks",
     "responses_ws_classifiers",
     "responses_ws_client_event",
     "responses_ws_client_request",

@@ -96,6 +96,7 @@ def create_app(
     if backend is None:
         backend = build_router(config or ShimConfig.from_settings(settings), extensions.backend_kinds(manager))
     configured = checks_by_model(config or ShimConfig(), backend)
+    checks = [*checks, *extensions.checks(manager, settings)]
     env = TurnEnv(
         backend=backend,
         store=store or build_store(settings),

@@ -19,6 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .backends.base import BackendFactory
+from .checks import Check
 from .postinference import TurnInfo
 from .safety import Classifier, Validator
 
@@ -78,6 +79,10 @@ def validators(manager: pluggy.PluginManager, settings: Any) -> list[Validator]:
 
 def classifiers(manager: pluggy.PluginManager, settings: Any) -> list[Classifier]:
     return _flatten(manager.hook.responses_ws_classifiers(settings=settings))
+
+
+def checks(manager: pluggy.PluginManager, settings: Any) -> list[Check]:
+    return _flatten(manager.hook.responses_ws_checks(settings=settings))
 
 
 def _flatten(groups: list[list[Any]]) -> list[Any]:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from .backends.base import BackendFactory
+    from .checks import Check
     from .postinference import TurnInfo
     from .safety import Classifier, Validator
     from .settings import Settings
@@ -81,6 +82,21 @@ def responses_ws_classifiers(settings: Settings) -> list[Classifier]:
     response's `metadata` under `classifier.<name>`. On a duplicate name the classifier called later
     wins (order as for validators). Like validators they see only what is new and fail closed: an
     exception, or a result that is not `{str: str}`, fails the turn as a `server_error`.
+    """
+
+
+@hookspec
+def responses_ws_checks(settings: Settings) -> list[Check]:
+    """Stateful incremental checks (`server_shim.checks.Check`); this hook is sync, called once at start-up.
+
+    They run on every turn for every model, after the checks passed to `create_app(checks=...)` and
+    before the config file's built-in ones. Each keeps a per-conversation state (a JSON value,
+    stored with each response, never changed in place) that it updates from the new items only:
+    `inspect(state, input_run)` (sync or async) returns `(new_state, Finding)` with labels
+    (`metadata["check.<key>"]`), a refusal (`APIError`) or, for a check with `mutates = True`, the
+    rewritten items; `observe(state, output_run)` folds the model's output. Checks that do not
+    mutate run beside inference; `blocking` ones hold the client's first token until they pass.
+    An exception other than `APIError` fails the turn with `server_error`. Names must be unique.
     """
 
 

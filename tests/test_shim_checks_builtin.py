@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from server_shim import BackgroundServer, ShimConfig, create_app
+from server_shim import BackgroundServer, Settings, ShimConfig, create_app, hookimpl
+from server_shim.extensions import create_plugin_manager
 from server_shim.policies import ContentPolicy, Secrets, luhn_ok, parse_guard_reply
 
 MODEL = "simulated-1"
@@ -130,3 +131,43 @@ def test_config_refuses_a_redacting_policy_and_a_guard_without_model():
         ShimConfig.model_validate({"checks": [{"kind": "content_policy", "words": ["x"], "action": "redact"}]})
     with pytest.raises(ValueError, match="guard needs the model alias"):
         ShimConfig.model_validate({"checks": [{"kind": "guard"}]})
+
+
+async def test_check_state_travels_with_responses_stored_in_redis(make_server, redis_server):
+    """A conversation flagged on replica A continues on replica B with the count A kept."""
+    config = ShimConfig.model_validate(
+        {
+            "deployments": [{"name": "sim", "kind": "simulated", "models": {MODEL: MODEL}}],
+            "checks": [{"kind": "content_policy", "words": ["banana"], "action": "flag"}],
+        }
+    )
+    a, b = (make_server(store=redis_server.url, config=config) for _ in range(2))
+    async with (
+        AsyncOpenAI(base_url=a.base_url, api_key="x") as on_a,
+        AsyncOpenAI(base_url=b.base_url, api_key="x") as on_b,
+    ):
+        async with on_a.responses.connect() as conn:
+            first = await turn(conn, "a banana", None)
+        assert first.response.metadata["check.content_policy.flagged"] == "1"
+        async with on_b.responses.connect() as conn:
+            second = await turn(conn, "another banana", first.response.id)
+        assert second.response.metadata["check.content_policy.flagged"] == "2", "B continued A's state from Redis"
+        assert b.shim.stats.input_items_received == 1
+        third = await on_a.responses.create(model=MODEL, input="no fruit", previous_response_id=second.response.id)
+        assert third.metadata == {"check.content_policy": "clean", "check.content_policy.flagged": "2"}
+
+
+class CheckPlugin:
+    @hookimpl
+    def responses_ws_checks(self, settings: Any) -> list[Any]:
+        return [ContentPolicy("plugged", words=["plum"], action="flag")]
+
+
+async def test_a_plugin_provides_checks_through_its_hook():
+    manager = create_plugin_manager(load_entry_points=False)
+    manager.register(CheckPlugin())
+    settings = Settings(usage_ledger="off")
+    with BackgroundServer(create_app(settings, plugin_manager=manager), settings) as running:
+        async with AsyncOpenAI(base_url=running.base_url, api_key="x") as client:
+            response = await client.responses.create(model=MODEL, input="a plum", store=False)
+    assert response.metadata == {"check.plugged": "flagged", "check.plugged.flagged": "1"}
