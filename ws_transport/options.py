@@ -46,6 +46,11 @@ class SessionOptions:
     reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
     websocket_url: str | None = None
     """Override the `ws(s)://.../responses` URL derived from the HTTP request."""
+    failover_base_urls: tuple[str, ...] = ()
+    """Other replicas, as base URLs like the client's (`http://host:8787/v1`). When a socket cannot
+    be opened where the session dials now, the next attempt dials the next URL (round robin) and
+    stays there. With replicas sharing a Redis store, stored conversations continue on any of them.
+    HTTP requests (and the HTTP fallback) still go to the client's own base URL."""
     lanes: bool = True
     """Multiplex concurrent turns on one socket with `stream_id` lanes; False: one turn per socket."""
     max_in_flight: int = 16

@@ -72,6 +72,12 @@ class Session:
         self.chat_book = ChatBook(self.options.max_chains)
         self.tickets: dict[str, TurnRequest] = {}
         self.url: str | None = None
+        """The `/responses` WebSocket URL of the client's base URL: which requests ride the session."""
+        self.dial_urls: list[str] = [
+            websocket_url(httpx2.URL(base.rstrip("/") + "/responses")) for base in self.options.failover_base_urls
+        ]
+        """Where sockets are opened, the session's own URL first (set by `bind`), then the failover replicas."""
+        self._dial_index = 0
         self.user_agent: str | None = None
         self.http_only = False
         self.frame_limit = FrameLimit()
@@ -97,6 +103,7 @@ class Session:
         url = self.options.websocket_url or websocket_url(endpoint or request.url)
         if self.url is None:
             self.url = url
+            self.dial_urls.insert(0, url)
         elif url != self.url:
             return None
         self.user_agent = request.headers.get("user-agent")
@@ -271,7 +278,7 @@ class Session:
         record = self.pool.opened(credentials)
         if replacing:
             self.stats.reconnects += 1
-        log.debug("ws_transport: opened socket #%d to %s", record.generation, self.url)
+        log.debug("ws_transport: opened socket #%d to %s", record.generation, self.dial_urls[self._dial_index])
         conn = self._connections[record] = Connection(socket, record, lanes=self.options.lanes)
         conn.start(self)
         self._notify()
@@ -327,6 +334,7 @@ class Session:
             except (OSError, TimeoutError, InvalidHandshake) as exc:
                 verdict = dialer.failed(None, str(exc))
             log.debug("ws_transport: connection attempt %d failed: %s", dialer.attempts, dialer.reason)
+            self._dial_index = (self._dial_index + 1) % len(self.dial_urls)  # the next replica, if any
             if verdict is Verdict.FALL_BACK:
                 break
         self._fall_back(dialer.reason)
@@ -335,7 +343,7 @@ class Session:
         assert self.url is not None
         options: dict[str, Any] = {"max_size": None, "compression": None, "open_timeout": self.options.open_timeout_s}
         options.update(self.options.connect_options)
-        return await _sdk.connect_websocket(self.url, headers, self.user_agent, **options)
+        return await _sdk.connect_websocket(self.dial_urls[self._dial_index], headers, self.user_agent, **options)
 
     def _fall_back(self, reason: str) -> NoReturn:
         if not self.http_only:
