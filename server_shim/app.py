@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from . import extensions, http, metrics, resources
+from .admission import ConnectionGate, TenantLimiter
 from .backends import Backend
 from .check_config import checks_by_model
 from .checks import Check
@@ -58,6 +60,10 @@ class ShimState:
     env: TurnEnv
     connections: set[ResponsesConnection] = field(default_factory=set)
     stats: ShimStats = field(default_factory=ShimStats)
+    gate: ConnectionGate = field(default_factory=lambda: ConnectionGate(max_connections=1024))
+    limiter: TenantLimiter = field(default_factory=TenantLimiter)
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds, for the admission decisions (tests pass their own)."""
 
     def record_turn(self, turn: Turn) -> None:
         self.stats.turns += 1
@@ -68,7 +74,9 @@ class ShimState:
         return await self.env.backend.models()
 
     async def close_connections(self, code: int = CLOSE_GOING_AWAY) -> None:
-        """Drain and close every WebSocket (code 1001 so clients reconnect elsewhere)."""
+        """Drain: refuse new connections and requests at once (`/readyz` 503), let in-flight responses
+        finish, then close every WebSocket with 1001 so clients reconnect elsewhere."""
+        self.gate.draining = True
         await asyncio.gather(*(conn.close(code) for conn in list(self.connections)), return_exceptions=True)
 
 
@@ -110,9 +118,24 @@ def create_app(
     if isinstance(backend, Router):
         env.serves_model = backend.serves_model
         env.hosted_policy = backend.hosted_policy
-    shim = ShimState(settings, env)
+    shim = ShimState(
+        settings,
+        env,
+        gate=ConnectionGate(settings.max_connections),
+        limiter=TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute),
+    )
 
     async def websocket_endpoint(websocket: WebSocket) -> None:
+        refusal = shim.gate.admit_connection()
+        if refusal is not None:
+            await websocket.send_denial_response(http.error_response(refusal.api_error()))
+            return
+        try:
+            await _serve_connection(websocket)
+        finally:
+            shim.gate.connection_closed()
+
+    async def _serve_connection(websocket: WebSocket) -> None:
         connection = ResponsesConnection(websocket, shim)
         shim.connections.add(connection)
         shim.stats.websocket_connections += 1

@@ -15,6 +15,8 @@ class APIError(Exception):
     message: str
     param: str | None = None
     type: str = "invalid_request_error"
+    retry_after_s: float | None = None
+    """When a retry can succeed (rate limits, overload, shutdown); HTTP sends it as `Retry-After`."""
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.message}"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+import math
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
@@ -31,11 +35,17 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def error_response(error: APIError) -> Response:
     metrics.ERRORS.labels(error.code).inc()
-    return json_response({"error": error.body()}, error.status)
+    response = json_response({"error": error.body()}, error.status)
+    if error.retry_after_s is not None:
+        response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return response
 
 
 async def create_response(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
+    refusal = shim.gate.admit_request()
+    if refusal is not None:
+        return error_response(refusal.api_error())
     try:
         raw = await _read_body(request, shim.settings.max_body_bytes)
     except APIError as error:
@@ -59,22 +69,55 @@ async def create_response(request: Request) -> Response:
     except Exception:
         log.exception("request refused by an unexpected error")
         return error_response(internal_error())
+    refusal = shim.limiter.acquire(turn.tenant, shim.clock())
+    if refusal is not None:
+        return error_response(refusal.api_error())
     if create.stream:
         return StreamingResponse(_sse(turn, shim), media_type="text/event-stream")
-    terminal: dict[str, Any] | None = None
     try:
-        async with contextlib.aclosing(turn.events()) as events:
-            async for event in events:
-                if event["type"] in ("response.completed", "response.incomplete"):
-                    terminal = event["response"]
+        terminal = await _unless_disconnected(request, _complete(turn))
+    except asyncio.CancelledError:
+        raise
     except Exception:
         log.exception("turn failed unexpectedly")
         return error_response(internal_error())
     finally:
+        shim.limiter.release(turn.tenant)
         shim.record_turn(turn)
     if turn.result.error is not None:
         return error_response(turn.result.error)
     return json_response(terminal)
+
+
+async def _complete(turn: Turn) -> dict[str, Any] | None:
+    """Run a non-streaming turn to its end; the terminal Response object, if it completed."""
+    terminal: dict[str, Any] | None = None
+    async with contextlib.aclosing(turn.events()) as events:
+        async for event in events:
+            if event["type"] in ("response.completed", "response.incomplete"):
+                terminal = event["response"]
+    return terminal
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`, cancelled (and its backend request with it) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        log.info("HTTP client disconnected; its response is cancelled")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -107,6 +150,7 @@ async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:
         log.exception("turn failed unexpectedly")
         yield _sse_frame(_sse_error({"sequence_number": next_sequence, **internal_error().event()}))
     finally:
+        shim.limiter.release(turn.tenant)
         shim.record_turn(turn)
 
 
@@ -233,6 +277,8 @@ async def readyz(request: Request) -> Response:
     status = getattr(shim.env.backend, "status", None)
     deployments = status() if status else {shim.env.backend.name: {"available": True}}
     ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
+    if shim.gate.draining:
+        return json_response({"ready": False, "draining": True, "deployments": deployments}, 503)
     # A shared store that is down does not make this replica unready: every replica shares it, and
     # turns that only need a connection's cache still work. The body says so for operators.
     store = {"kind": "memory" if shim.settings.store == "memory" else "redis", "reachable": await shim.env.store.ping()}

@@ -16,6 +16,7 @@ from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.supervisors import Multiprocess
 from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
 
 from . import metrics
 from .app import ShimState, create_app
@@ -23,7 +24,9 @@ from .config import ShimConfig
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
-from .ws import CLOSE_MESSAGE_TOO_BIG, too_large_error
+from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
+
+FORCE_CLOSE_GRACE_S = 5.0
 
 log = logging.getLogger("responses_ws")
 
@@ -61,6 +64,27 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             self.handshake_complete = True
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][FORCE_CLOSE_EXTENSION] = {"close": self.force_close}
+
+    def force_close(self, code: int, reason: str) -> None:
+        """Close without waiting for the peer to read, which it may never do (a slow or stuck client).
+
+        The close frame is queued behind what is already buffered, for a peer that catches up;
+        the socket is aborted after a grace period if the buffer never drains.
+        """
+        if self.transport.is_closing():
+            return
+        with contextlib.suppress(Exception):
+            self.conn.send_close(code, reason)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.transport.close()
+        self.loop.call_later(FORCE_CLOSE_GRACE_S, self.transport.abort)
 
     def handle_parser_exception(self) -> None:
         sent = self.conn.close_sent

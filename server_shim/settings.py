@@ -52,6 +52,14 @@ class Settings(BaseSettings):
     max_lanes: int = Field(default=32, ge=1)
     max_in_flight: int = Field(default=16, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    max_connections: int = Field(default=1024, ge=1, description="WebSocket connections per process; 503 beyond")
+    max_queued_requests: int = Field(default=64, ge=1, description="queued per connection; reading stops beyond")
+    send_timeout_s: float = Field(default=30.0, gt=0, description="a client not reading this long is closed (1008)")
+    idle_timeout_s: float = Field(default=600.0, gt=0, description="a connection with no frames and nothing in flight")
+    tenant_max_concurrent: int = Field(default=0, ge=0, description="responses in flight per tenant (0: no limit)")
+    tenant_turns_per_minute: int = Field(
+        default=0, ge=0, description="responses started per tenant per minute (0: no limit)"
+    )
 
     cache_max_responses: int = Field(default=256, ge=1)
     cache_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
+FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
+"""ASGI scope extension our uvicorn protocol adds: close a socket whose peer does not read."""
 
 
 class ConnectionState(enum.Enum):
@@ -65,6 +68,11 @@ class ResponsesConnection:
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
         self.id = new_id("conn")
         self.tenant = scope_tenant(websocket.scope)
+        self._queued = 0
+        self._room = asyncio.Event()
+        """Set while fewer than `max_queued_requests` wait in the lanes: frames are read only then."""
+        self._room.set()
+        self._idle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -75,6 +83,8 @@ class ResponsesConnection:
             await self._receive_loop()
         finally:
             age_limit.cancel()
+            if self._idle is not None:
+                self._idle.cancel()
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
             metrics.CACHE_BYTES.dec(self.cache.nbytes)
@@ -85,6 +95,8 @@ class ResponsesConnection:
 
     async def _receive_loop(self) -> None:
         while self.state is not ConnectionState.CLOSED:
+            self._arm_idle_timer()
+            await self._room.wait()  # backpressure: a client pipelining past the bound is not read from
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
@@ -127,6 +139,9 @@ class ResponsesConnection:
             lane = self._lanes[stream_id] = _Lane()
             metrics.LANES.inc()
         lane.queue.put_nowait(request)
+        self._queued += 1
+        if self._queued >= self.settings.max_queued_requests:
+            self._room.clear()
         if lane.worker is None:
             lane.worker = asyncio.create_task(self._run_lane(stream_id, lane))
 
@@ -135,20 +150,53 @@ class ResponsesConnection:
         try:
             while not lane.queue.empty():
                 request = lane.queue.get_nowait()
+                self._dequeued(1)
                 if isinstance(request, APIError):
                     await self.send(_with_lane(request.event(), stream_id))
                     continue
                 async with self._in_flight:
                     await self._run_turn(request, stream_id)
         finally:
+            self._dequeued(lane.queue.qsize())
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
                 metrics.LANES.dec()
+
+    def _dequeued(self, count: int) -> None:
+        self._queued -= count
+        if self._queued < self.settings.max_queued_requests:
+            self._room.set()
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(self.settings.idle_timeout_s, self._on_idle)
+
+    def _on_idle(self) -> None:
+        """No frame for `idle_timeout_s`: close if nothing is in flight, else look again later."""
+        if self._lanes:
+            self._arm_idle_timer()
+        else:
+            self._start_close(CLOSE_GOING_AWAY, _idle_error(self.settings.idle_timeout_s))
 
     async def _run_turn(
         self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
     ) -> None:
         """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
+        refusal = self.shim.limiter.acquire(self.tenant, self.shim.clock())
+        if refusal is not None:
+            await self.send(_with_lane(refusal.api_error().event(), stream_id))
+            return
+        try:
+            turn, slot = await self._stream_turn(request, stream_id, successor_of)
+        finally:
+            self.shim.limiter.release(self.tenant)
+        if slot is not None:
+            await self._after_steerable(turn, slot, stream_id)
+
+    async def _stream_turn(
+        self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None
+    ) -> tuple[Turn, SteerSlot | None]:
         steers = successor_of
         if steers is None:
             steers = self.steering.take_pending(request.previous_response_id)
@@ -176,8 +224,7 @@ class ResponsesConnection:
         finally:
             metrics.CACHE_BYTES.inc(self.cache.nbytes - cached_bytes)
             self.shim.record_turn(turn)
-        if slot is not None:
-            await self._after_steerable(turn, slot, stream_id)
+        return turn, slot
 
     async def _after_steerable(self, turn: Turn, slot: SteerSlot, stream_id: str | None) -> None:
         """Steering queued while the response ran: pending events, or the automatic successor."""
@@ -195,7 +242,24 @@ class ResponsesConnection:
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
-            await self.websocket.send_text(text)
+            try:
+                async with asyncio.timeout(self.settings.send_timeout_s):
+                    await self.websocket.send_text(text)
+            except TimeoutError:
+                self._close_slow_reader()
+                raise WebSocketDisconnect(CLOSE_POLICY_VIOLATION) from None
+
+    def _close_slow_reader(self) -> None:
+        """The client has not read for `send_timeout_s`: it holds a slot and a buffer, so it is let go."""
+        log.warning("connection %s: client not reading for %.0f s; closing", self.id, self.settings.send_timeout_s)
+        self.state = ConnectionState.CLOSED
+        self._room.set()
+        force_close = self.websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
+        reason = "client not reading"
+        if force_close is not None:
+            force_close["close"](CLOSE_POLICY_VIOLATION, reason)
+        else:
+            asyncio.get_running_loop().create_task(self.websocket.close(CLOSE_POLICY_VIOLATION, reason))
 
     def _start_close(self, code: int, error: APIError | None) -> None:
         """Stop taking requests, let in-flight responses finish, then close with `code`."""
@@ -277,6 +341,14 @@ def _age_limit_error() -> APIError:
         400,
         "websocket_connection_limit_reached",
         "This connection reached its age limit; open a new connection to continue.",
+    )
+
+
+def _idle_error(idle_s: float) -> APIError:
+    return APIError(
+        400,
+        "websocket_connection_idle",
+        f"No request for {idle_s:.0f} s and none in flight; open a new connection to continue.",
     )
 
 

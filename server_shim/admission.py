@@ -1,0 +1,122 @@
+"""Who gets in: the server-wide connection cap, draining, and per-tenant limits, as plain state machines.
+
+Nothing here touches a socket or reads a clock: the WebSocket and HTTP layers ask for a
+decision, passing `now` (seconds on a monotonic clock), and act on the answer. A refusal
+carries a code, a status and how long to wait, so HTTP can send `Retry-After` and the
+WebSocket `error` event can say when to try again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .errors import APIError
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: int
+    code: str
+    message: str
+    retry_after_s: float
+
+    def api_error(self) -> APIError:
+        kind = "rate_limit_error" if self.status == 429 else "server_error"
+        return APIError(self.status, self.code, self.message, type=kind, retry_after_s=self.retry_after_s)
+
+    @property
+    def retry_after_header(self) -> str:
+        """Whole seconds, at least 1, as HTTP wants them."""
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+def shutting_down(retry_after_s: float = 1.0) -> Refusal:
+    return Refusal(503, "server_shutting_down", "The server is shutting down; retry on another replica.", retry_after_s)
+
+
+@dataclass
+class ConnectionGate:
+    """Server-wide admission of new WebSocket connections and HTTP requests."""
+
+    max_connections: int
+    draining: bool = False
+    open_connections: int = 0
+
+    def admit_connection(self) -> Refusal | None:
+        if self.draining:
+            return shutting_down()
+        if self.open_connections >= self.max_connections:
+            return Refusal(
+                503,
+                "server_overloaded",
+                f"The server holds its maximum of {self.max_connections} WebSocket connections; retry shortly.",
+                1.0,
+            )
+        self.open_connections += 1
+        return None
+
+    def connection_closed(self) -> None:
+        self.open_connections -= 1
+
+    def admit_request(self) -> Refusal | None:
+        return shutting_down() if self.draining else None
+
+
+@dataclass
+class _TenantUsage:
+    in_flight: int = 0
+    starts: deque[float] = field(default_factory=deque)
+
+
+@dataclass
+class TenantLimiter:
+    """Per tenant: responses in flight at once, and responses started per minute (a sliding window).
+
+    A limit of 0 is off. `acquire` admits (and counts) a response or refuses it with
+    `rate_limit_exceeded` and the seconds until it would be admitted; every admitted
+    response is `release`d once, however it ends.
+    """
+
+    max_concurrent: int = 0
+    turns_per_minute: int = 0
+    window_s: float = 60.0
+    _usage: dict[str | None, _TenantUsage] = field(default_factory=dict)
+
+    def acquire(self, tenant: str | None, now: float) -> Refusal | None:
+        usage = self._usage.setdefault(tenant, _TenantUsage())
+        while usage.starts and usage.starts[0] <= now - self.window_s:
+            usage.starts.popleft()
+        if self.max_concurrent and usage.in_flight >= self.max_concurrent:
+            return Refusal(
+                429,
+                "rate_limit_exceeded",
+                f"At most {self.max_concurrent} responses may be in flight at once for this API key; "
+                "retry when one finishes.",
+                1.0,
+            )
+        if self.turns_per_minute and len(usage.starts) >= self.turns_per_minute:
+            wait = usage.starts[0] + self.window_s - now
+            return Refusal(
+                429,
+                "rate_limit_exceeded",
+                f"At most {self.turns_per_minute} responses per minute for this API key; retry in {wait:.1f} s.",
+                wait,
+            )
+        usage.in_flight += 1
+        if self.turns_per_minute:
+            usage.starts.append(now)
+        return None
+
+    def release(self, tenant: str | None) -> None:
+        usage = self._usage.get(tenant)
+        if usage is None:
+            return
+        usage.in_flight -= 1
+        if usage.in_flight <= 0 and not usage.starts:
+            del self._usage[tenant]
+
+    def in_flight(self, tenant: str | None) -> int:
+        usage = self._usage.get(tenant)
+        return usage.in_flight if usage else 0
