@@ -154,7 +154,7 @@ async def measure(turns: int, repeats: int, warmup: int) -> dict[str, Any]:
     return {"samples": samples, "bytes_sent": bytes_sent}
 
 
-def analyse(samples: dict[str, list[list[dict[str, Any]]]], turns: int) -> dict[str, Any]:
+def analyse(samples: dict[str, list[list[dict[str, Any]]]], turns: int, quick: bool = False) -> dict[str, Any]:
     first, last = window(turns, 5), window(turns, turns)
     alternatives: dict[str, Any] = {}
     for name, runs in samples.items():
@@ -223,13 +223,25 @@ def analyse(samples: dict[str, list[list[dict[str, Any]]]], turns: int) -> dict[
     added_stats = added_latency["websocket_minus_backend_inprocess"]
     ws_vs_http = next(r for r in ratios if r["numerator"] == "websocket" and r["denominator"] == "http_stateless")
     growth = summarize(growth_per_repeat)
-    targets = [
+    # The 1/5 target is about long histories (turn 50, ~200 KB); a quick run's few turns only check the direction.
+    ratio_target = (
         _target(
+            f"quick run: WebSocket turn overhead below stateless HTTP's at turn {turns} (paired ratio, last {len(last)} "
+            "turns, median; the full run's target is 1/5 at turn 50)",
+            ws_vs_http["paired"]["median"],
+            1.0,
+            "<",
+        )
+        if quick
+        else _target(
             f"WebSocket turn overhead <= 1/5 of stateless HTTP at turn {turns} (paired ratio, last {len(last)} turns, median)",
             ws_vs_http["paired"]["median"],
             0.2,
             "<=",
-        ),
+        )
+    )
+    targets = [
+        ratio_target,
         _target(
             f"WebSocket overhead grows < 20% from turn {first[len(first) // 2] + 1} to turn {turns} (median over repeats)",
             growth["median"],
@@ -343,7 +355,7 @@ def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats
             "ratios are medians of ratios of paired samples: same repeat, same turn, same run; order rotates per repeat",
         ],
     }
-    result.update(analyse(measured["samples"], turns))
+    result.update(analyse(measured["samples"], turns, quick))
     result = clean_floats(result)
     write_json(out_dir, "overhead", result)
     plot.overhead_plot(result, out_dir / "overhead.png")

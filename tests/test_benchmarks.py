@@ -189,3 +189,16 @@ def test_checks_suite_measures_both_paths_and_all_three_ttft_modes(tmp_path: Pat
         assert point["guard_calls"] == {"incremental": 1, "full_history": point["turn"]}
     assert set(result["ttft_ms"]) == {"no_check", "sequential", "overlapped"}
     assert all(stats["n"] > 0 for stats in result["ttft_ms"].values())
+
+
+@pytest.mark.timeout(300)
+def test_a_quick_run_is_judged_against_quick_run_targets(
+    quick_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """A few turns cannot show what 50 turns show: the scale-bound targets are replaced, and say so."""
+    out, done = quick_run
+    for suite in ("overhead", "agent"):
+        names = [t["target"] for t in _strict_json(out / f"{suite}.json")["targets"]]
+        assert any(name.startswith("quick run:") for name in names), names
+        assert not any("1/5 of stateless HTTP" in name or ">= 40% faster" in name for name in names), names
+    assert "quick run:" in done.stdout
