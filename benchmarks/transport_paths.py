@@ -39,7 +39,7 @@ from openai import AsyncOpenAI, OpenAI
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.demo import TOOLS, follow_up, next_user_message
-from ws_transport.session import Connection
+from ws_transport.connection import Connection, Listener
 
 MODEL = "simulated-1"
 MARKS = (10, 50, 100)
@@ -68,10 +68,10 @@ def install_probe() -> None:
         PROBE.sent = perf()
         await send(self, frame)
 
-    def timed_route(self: Connection, event: dict[str, Any]) -> None:
+    def timed_route(self: Connection, event: dict[str, Any], listener: Listener) -> None:
         if event.get("type") in TERMINAL:
             PROBE.terminal = perf()
-        route(self, event)
+        route(self, event, listener)
 
     Connection.send = timed_send  # type: ignore[method-assign]
     Connection._route = timed_route  # type: ignore[method-assign]
