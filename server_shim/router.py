@@ -137,12 +137,18 @@ class Router:
         self._reachable: dict[str, bool] = {}
 
     async def models(self) -> list[str]:
+        """The public aliases, plus what each `"*"` deployment lists; an error rather than an empty list
+        when nothing is named and no `"*"` deployment answers (an empty list would read as "serves nothing")."""
         aliases = {alias for d in self.deployments.values() for alias in d.models if alias != WILDCARD}
-        if any(WILDCARD in d.models for d in self.deployments.values()):
-            for d in self.deployments.values():
-                if WILDCARD in d.models:
-                    with contextlib.suppress(BackendError):
-                        aliases.update(await d.backend.models())
+        failure: BackendError | None = None
+        for d in self.deployments.values():
+            if WILDCARD in d.models:
+                try:
+                    aliases.update(await d.backend.models())
+                except BackendError as exc:
+                    failure = exc
+        if not aliases and failure is not None:
+            raise failure
         return sorted(aliases)
 
     def serves_model(self, alias: str) -> bool:

@@ -224,6 +224,8 @@ async def test_an_unreachable_backend_is_reported_at_startup_and_readyz_waits_fo
         ready = httpx2.get(f"http://127.0.0.1:{port}/readyz")
         assert ready.status_code == 503
         assert ready.json()["deployments"]["default"]["answered"] is False
+        models = httpx2.get(f"http://127.0.0.1:{port}/v1/models")
+        assert models.status_code == 502 and models.json()["error"]["code"] == "backend_error", "not an empty list"
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(15)
