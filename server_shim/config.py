@@ -57,6 +57,8 @@ class DeploymentConfig(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     timeout_s: float = 300.0
+    first_token_timeout_s: float = Field(default=60.0, gt=0, description="a turn with no token by then fails (504)")
+    response_timeout_s: float = Field(default=180.0, gt=0, description="a turn still streaming by then fails (504)")
     quirks: Quirks | None = Field(default=None, description="defaults per kind; cerebras has its own")
     upstream_websocket: bool = Field(
         default=False, description="kind 'responses': one upstream WebSocket per client connection, chained upstream"
@@ -148,6 +150,8 @@ class ShimConfig(BaseModel):
                 name="simulated",
                 kind="simulated",
                 models={settings.default_model: settings.default_model},
+                first_token_timeout_s=settings.first_token_timeout_s,
+                response_timeout_s=settings.response_timeout_s,
                 simulated_ttft_s=settings.simulated_ttft_s,
                 simulated_tokens_per_s=settings.simulated_tokens_per_s,
             )
@@ -159,6 +163,8 @@ class ShimConfig(BaseModel):
                 api_key=settings.backend_api_key,
                 models={"*": "*"},
                 timeout_s=settings.backend_timeout_s,
+                first_token_timeout_s=settings.first_token_timeout_s,
+                response_timeout_s=settings.response_timeout_s,
             )
         return cls(deployments=[deployment])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,13 @@ def internal_error() -> APIError:
 
 
 class BackendError(Exception):
-    """The backend failed: unreachable, an error status, or a stream cut short."""
+    """The backend failed: unreachable, an error status, or a stream cut short.
+
+    The message is for the log: it may hold the backend's address and its error body. The
+    client gets `api_error()`, which says what happened and the status, with the backend's own
+    error message (`detail`) only after addresses and paths are taken out; `public=True` marks a
+    message written by this server for the client (no backend text in it).
+    """
 
     def __init__(
         self,
@@ -67,17 +74,60 @@ class BackendError(Exception):
         status: int | None = None,
         retryable: bool = True,
         retry_after_s: float | None = None,
+        detail: str | None = None,
+        public: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.detail = detail
+        self.public = public
+
+    @property
+    def backend_fault(self) -> bool:
+        """Whether the backend itself failed (counts toward its breaker), rather than refused this request."""
+        return self.status is None or self.status >= 500 or self.status == 408
 
     def api_error(self) -> APIError:
-        if self.status == 429:
-            return APIError(429, "rate_limit_exceeded", str(self), type="rate_limit_error")
-        if self.status == 503:
-            return APIError(503, "backend_unavailable", str(self), type="server_error")
-        if self.status is not None and 400 <= self.status < 500:
-            return APIError(400, "backend_rejected_request", str(self))
-        return APIError(502, "backend_error", str(self), type="server_error")
+        status = self.status
+        said = f": {redact(self.detail)}" if self.detail else ""
+        if status == 429:
+            wait = f" Retry after {self.retry_after_s:g} s." if self.retry_after_s else ""
+            message = f"The backend is rate limiting requests (status 429).{wait}"
+            return APIError(
+                429, "rate_limit_exceeded", message, type="rate_limit_error", retry_after_s=self.retry_after_s
+            )
+        if status == 504:
+            message = str(self) if self.public else "The backend timed out (status 504)."
+            return APIError(504, "backend_timeout", message, type="server_error")
+        if status == 503:
+            message = str(self) if self.public else f"The backend is unavailable (status 503){said}."
+            return APIError(503, "backend_unavailable", message, type="server_error")
+        if status is not None and 400 <= status < 500:
+            return APIError(
+                400, "backend_rejected_request", f"The backend rejected the request (status {status}){said}."
+            )
+        if self.public:
+            return APIError(502, "backend_error", str(self), type="server_error")
+        message = f"The backend failed (status {status})." if status else "The backend failed before finishing."
+        return APIError(502, "backend_error", message, type="server_error")
+
+
+_REDACTIONS = (
+    (re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+"), "<url>"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<address>"),
+    (
+        re.compile(r"\[?(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|[0-9a-fA-F:]*::[0-9a-fA-F:]*)\]?(?::\d+)?"),
+        "<address>",
+    ),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@-]+){2,}[\\/]?"), "<path>"),
+)
+
+
+def redact(text: str, limit: int = 300) -> str:
+    """A backend's error text without URLs, IP addresses or file paths, and at most `limit` characters."""
+    for pattern, replacement in _REDACTIONS:
+        text = pattern.sub(replacement, text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

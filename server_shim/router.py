@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from . import metrics
 from .backends.base import Backend, BackendFactory, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
 from .config import DeploymentConfig, RoutingConfig, ShimConfig
+from .deadlines import Deadlines, within
 from .errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Deployment:
     tokens_per_minute: int | None = None
     hosted_tools: str = "drop"
     """The deployment's hosted-tool policy (`DeploymentConfig.hosted_tools`)."""
+    deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
     in_flight: int = 0
     _tokens: deque[tuple[float, int]] = field(default_factory=deque)
 
@@ -189,7 +191,9 @@ class Router:
         if request.stages is not None:
             request.stages.mark("route")
         if not candidates:
-            raise BackendError(f"no available deployment serves model {request.model!r}", status=503, retryable=False)
+            raise BackendError(
+                f"no available deployment serves model {request.model!r}", status=503, retryable=False, public=True
+            )
         last_error: BackendError | None = None
         for index, deployment in enumerate(candidates):
             if index:
@@ -221,7 +225,7 @@ class Router:
         first: float | None = None
         pieces = 0
         try:
-            async for delta in deployment.backend.stream(routed):
+            async for delta in within(deployment.backend.stream(routed), deployment.deadlines, time.monotonic):
                 if isinstance(delta, (TextDelta, ToolCallDelta)):
                     pieces += 1
                     if first is None:
@@ -232,7 +236,7 @@ class Router:
         except BackendError as exc:
             if exc.status == 429:
                 deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s)
-            else:
+            elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
                 deployment.health.failure()
             raise
         finally:
@@ -336,6 +340,7 @@ def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router
                 max_concurrency=spec.max_concurrency,
                 tokens_per_minute=spec.tokens_per_minute,
                 hosted_tools=spec.hosted_policy,
+                deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
             )
         )
     return Router(deployments, config.routing)

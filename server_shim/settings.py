@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     )
     backend_api_key: str | None = None
     backend_timeout_s: float = Field(default=300.0, gt=0)
+    first_token_timeout_s: float = Field(default=60.0, gt=0, description="no token from the backend by then: 504")
+    response_timeout_s: float = Field(default=180.0, gt=0, description="a response still streaming by then: 504")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Bearer keys clients must present, each 'KEY' or 'TENANT KEY'; from the environment a JSON "

@@ -55,10 +55,29 @@ class PooledHTTPBackend:
     async def _status_error(self, response: httpx2.Response) -> BackendError:
         """The error for a non-200 answer: 5xx and 429 may be retried elsewhere, 429 says when."""
         status = response.status_code
-        detail = (await response.aread()).decode(errors="replace")[:500]
+        body = (await response.aread()).decode(errors="replace")[:2000]
         return BackendError(
-            f"backend answered HTTP {status}: {detail}",
+            f"backend {self.base_url} answered HTTP {status}: {body[:500]}",
             status=status,
             retryable=status >= 500 or status == 429,
             retry_after_s=self.rate_limit.retry_after(response.headers) if status == 429 else None,
+            detail=error_message(body),
         )
+
+
+def error_message(body: str) -> str | None:
+    """The message in an error body (`{"error": {"message"}}`, `{"message"}`, `{"detail"}`), else the text."""
+    try:
+        parsed = loads(body)
+    except ValueError:
+        return body.strip() or None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        for candidate in (
+            error.get("message") if isinstance(error, dict) else error,
+            parsed.get("message"),
+            parsed.get("detail"),
+        ):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    return None

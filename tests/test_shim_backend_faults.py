@@ -1,0 +1,130 @@
+"""Backend faults against a misbehaving server on loopback: the breaker counts only the backend's own
+failures, clients see sanitized errors, and deadlines end stalled or trickling streams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI
+from support.fault_backend import LEAKY_ERROR, MODEL, FaultBackend
+from support.wire import API_KEY, completed_ok, run_turn
+
+from server_shim.config import DeploymentConfig, RoutingConfig, ShimConfig
+from server_shim.deadlines import FIRST_TOKEN, TOTAL, Deadlines, within
+from server_shim.errors import BackendError
+
+
+def config(base_url: str, **deployment: float) -> ShimConfig:
+    return ShimConfig(
+        deployments=[
+            DeploymentConfig(
+                name="faulty", kind="openai_compatible", base_url=base_url, models={"*": "*"}, **deployment
+            )
+        ],
+        routing=RoutingConfig(failure_threshold=3, cooldown_s=30),
+    )
+
+
+@pytest.fixture
+def backend() -> Iterator[FaultBackend]:
+    with FaultBackend() as server:
+        yield server
+
+
+# --- deadlines as a decision ---------------------------------------------------------------------
+
+
+def test_the_first_token_deadline_applies_until_a_token_then_the_total_one():
+    deadlines = Deadlines(first_token_s=5, total_s=20)
+    assert deadlines.next(started=100, first_token_at=None, now=101) == (4, FIRST_TOKEN)
+    assert deadlines.next(started=100, first_token_at=103, now=110) == (10, TOTAL)
+    assert deadlines.next(started=100, first_token_at=None, now=100) == (5, FIRST_TOKEN)
+    assert Deadlines(first_token_s=30, total_s=10).next(100, None, 100) == (10, TOTAL)
+
+
+async def test_the_wrapper_cancels_the_read_and_raises_a_504_backend_fault():
+    closed = asyncio.Event()
+
+    async def stalled():
+        try:
+            await asyncio.sleep(60)
+            yield None
+        finally:
+            closed.set()
+
+    with pytest.raises(BackendError) as caught:
+        async for _ in within(stalled(), Deadlines(0.05, 1.0), time.monotonic):
+            pass
+    assert caught.value.status == 504 and caught.value.backend_fault
+    assert caught.value.api_error().code == "backend_timeout"
+    assert closed.is_set(), "the stalled read was cancelled, its resources released"
+
+
+# --- the breaker and the errors over a real server -----------------------------------------------
+
+
+async def test_backend_4xx_goes_to_that_client_only_and_never_opens_the_breaker(make_server, backend, caplog):
+    shim = make_server(config=config(backend.base_url))
+    backend.queue.extend(["http_400"] * 5)
+    caplog.set_level(logging.WARNING)
+    async with (
+        AsyncOpenAI(base_url=shim.base_url, api_key=API_KEY, max_retries=0) as sdk,
+        sdk.responses.connect() as conn,
+    ):
+        for _ in range(5):
+            turn = await run_turn(conn, model=MODEL, input="too long", store=False)
+            error = turn.error["error"]
+            assert error["code"] == "backend_rejected_request" and "status 400" in error["message"]
+            assert "context too long" in error["message"], "the backend's reason reaches the client"
+            assert "/srv/models" not in error["message"] and "10.1.2.3" not in error["message"]
+            assert "/srv/models" not in str(turn.response["error"])
+        completed_ok(await run_turn(conn, model=MODEL, input="a fine request", store=False))
+    assert LEAKY_ERROR in caplog.text, "the full backend body is logged for the operator"
+
+
+async def test_backend_5xx_do_open_the_breaker(make_server, backend):
+    shim = make_server(config=config(backend.base_url))
+    backend.queue.extend(["http_500"] * 3)
+    async with (
+        AsyncOpenAI(base_url=shim.base_url, api_key=API_KEY, max_retries=0) as sdk,
+        sdk.responses.connect() as conn,
+    ):
+        for _ in range(3):
+            turn = await run_turn(conn, model=MODEL, input="x", store=False)
+            assert turn.error["error"]["code"] == "backend_error"
+            assert turn.error["error"]["message"] == "The backend failed (status 500)."
+        refused = await run_turn(conn, model=MODEL, input="x", store=False)
+        assert refused.error["error"]["code"] == "backend_unavailable"
+    assert backend.requests == 3, "the open breaker sent nothing more to the failing backend"
+
+
+# --- deadlines over a real server ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "which"), [("trickle", "first-token"), ("stall", "first-token"), ("one_then_stall", "total")]
+)
+async def test_a_stalled_or_trickling_backend_fails_the_turn_within_its_deadline(make_server, backend, mode, which):
+    shim = make_server(config=config(backend.base_url, first_token_timeout_s=0.6, response_timeout_s=1.2))
+    backend.queue.append(mode)
+    async with (
+        AsyncOpenAI(base_url=shim.base_url, api_key=API_KEY, max_retries=0) as sdk,
+        sdk.responses.connect() as conn,
+    ):
+        started = time.monotonic()
+        turn = await run_turn(conn, model=MODEL, input="hello", store=False)
+        elapsed = time.monotonic() - started
+        assert turn.types[-2:] == ["response.failed", "error"]
+        assert turn.error["status"] == 504 and turn.error["error"]["code"] == "backend_timeout"
+        assert which in turn.error["error"]["message"]
+        assert elapsed < (0.6 if which == "first-token" else 1.2) + 1.0
+        completed_ok(await run_turn(conn, model=MODEL, input="the lane is free again", store=False))
+    deadline = time.monotonic() + 3
+    while backend.open_streams:
+        assert time.monotonic() < deadline, "the backend stream was never closed"
+        await asyncio.sleep(0.05)
+    assert shim.shim.limiter.in_flight(None) == 0
