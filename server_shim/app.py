@@ -32,6 +32,7 @@ from .router import Router, build_router
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys
+from .tokens import counters_by_model
 from .turn import Classifier, Turn, TurnEnv, Validator
 from .ws import CLOSE_GOING_AWAY, ResponsesConnection
 
@@ -105,6 +106,7 @@ def create_app(
         backend = build_router(config or ShimConfig.from_settings(settings), extensions.backend_kinds(manager))
     configured = checks_by_model(config or ShimConfig(), backend)
     checks = [*checks, *extensions.checks(manager, settings)]
+    counters = counters_by_model((config or ShimConfig()).deployments)
     env = TurnEnv(
         backend=backend,
         store=store or build_store(settings),
@@ -114,6 +116,7 @@ def create_app(
         limits=RequestLimits.from_settings(settings),
         checks=lambda model: [*checks, *configured(model)],
         overlap_checks=settings.checks_overlap,
+        token_counter=counters.get,
     )
     if isinstance(backend, Router):
         env.serves_model = backend.serves_model
@@ -157,6 +160,8 @@ def create_app(
         await env.post_inference.aclose()
         await env.backend.aclose()
         await env.store.aclose()
+        for counter in counters.values():
+            await counter.aclose()
 
     routes = [
         WebSocketRoute("/v1/responses", websocket_endpoint),

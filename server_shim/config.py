@@ -82,6 +82,13 @@ class DeploymentConfig(BaseModel):
     checks: list[CheckConfig] = Field(
         default_factory=list, description="built-in checks for the requests to this deployment's model aliases"
     )
+    tokenizer: Literal["estimate", "llama.cpp", "llama-cpp-python", "vllm"] = Field(
+        default="estimate", description="how usage is counted when the backend sends none (server_shim/tokens.py)"
+    )
+    tokenizer_url: str | None = Field(
+        default=None, description="where the tokenize endpoint lives; default base_url without /v1"
+    )
+    template_tokens_per_message: int = Field(default=0, ge=0, description="chat-template tokens around each message")
 
     @model_validator(mode="after")
     def _needs_url(self) -> DeploymentConfig:

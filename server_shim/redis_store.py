@@ -50,6 +50,7 @@ def encode_state(state: ResponseState) -> bytes:
             "deployment": state.deployment,
             "carry": state.carry,
             "checks": state.checks,
+            "tokens": state.tokens,
         }
     )
 
@@ -75,6 +76,7 @@ def decode_state(raw: bytes) -> ResponseState:
         carry=body.get("carry") or {},
         tenant=body.get("tenant"),
         checks=body.get("checks") or {},
+        tokens=tuple(body["tokens"]) if body.get("tokens") else None,  # type: ignore[arg-type]
     )
 
 

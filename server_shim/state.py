@@ -34,6 +34,8 @@ class ResponseState:
     tenant: str | None = None
     """The id of the API key's tenant that created it (see `tenants`); None when the server has no keys."""
     checks: dict[str, Any] = field(default_factory=dict)
+    tokens: tuple[str, int] | None = None
+    """(tokenizer, tokens of the prompt through this response's input), when a tokenizer counts (`tokens.py`)."""
     """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
     base_held: int = 0
     """Memory of the history shared with the previous response's prompt (0 when it has none)."""

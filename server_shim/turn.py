@@ -31,6 +31,7 @@ from .safety import Classifier, Validator, run_classifiers, run_validators
 from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
+from .tokens import TokenCount, TokenCounter, account
 from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class TurnEnv:
     checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
     """The stateful checks for a public model name (`checks.py`); run beside inference when `overlap_checks`."""
     overlap_checks: bool = True
+    token_counter: Callable[[str], TokenCounter | None] = field(default=lambda model: None)
+    """The tokenizer of the deployments serving a model, when configured (`tokens.py`)."""
 
 
 @dataclass(slots=True)
@@ -77,6 +80,10 @@ class _Plan:
     prior_checks: dict[str, Any] = field(default_factory=dict)
     prior_output: list[Item] = field(default_factory=list)
     later_checks: list[Check] = field(default_factory=list)
+    new_messages: list[dict[str, Any]] = field(default_factory=list)
+    previous: ResponseState | None = None
+    counting: TokenCount = field(default_factory=lambda: TokenCount(None))
+    tokens: tuple[str, int] | None = None
 
 
 @dataclass
@@ -161,7 +168,8 @@ class Turn:
             self._hosted_tools(tools, labels, previous.deployment if previous else None)
         base = previous.prompt if previous else ChatPrompt()
         self.result.new_items = len(new_items)
-        prompt = base.extend(render_items(new_items))
+        new_messages = render_items(new_items)
+        prompt = base.extend(new_messages)
         check_conversation_bytes(prompt.held, self.env.limits)
         self._plan = _Plan(
             new_items=new_items,
@@ -180,6 +188,8 @@ class Turn:
             prior_checks=prior_checks,
             prior_output=prior_output,
             later_checks=later,
+            new_messages=new_messages,
+            previous=previous,
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
@@ -202,12 +212,15 @@ class Turn:
         plan = self._plan
         assert plan is not None
         pending = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
+        counter = self.env.token_counter(self.request.model)
+        plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
             async with contextlib.aclosing(self._events(plan, pending)) as events:
                 async for event in events:
                     yield event
         finally:
             pending.cancel()
+            plan.counting.cancel()
 
     async def _events(self, plan: _Plan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
         request = self.request
@@ -278,6 +291,8 @@ class Turn:
                 yield event
             return
         plan.labels.update(plan.checks.labels)
+        counted = await plan.counting.result()
+        plan.tokens = counted.through if counted else None
         reason = "steered" if steered else None
         if reason is None and assembler.finish == "length":
             reason = "max_output_tokens"
@@ -290,7 +305,7 @@ class Turn:
             request,
             status="incomplete" if incomplete else "completed",
             output=assembler.output,
-            usage=assembler.usage,
+            usage=account(assembler.usage, counted),
             incomplete_reason=reason,
             created_at=created_at,
             labels=plan.labels,
@@ -403,6 +418,7 @@ class Turn:
             tenant=self.tenant,
             base_held=plan.base_held,
             checks=plan.prior_checks | plan.checks.states,
+            tokens=plan.tokens,
         )
         if self.cache is not None:
             self.cache.put(state)

@@ -86,6 +86,8 @@ class Usage:
     input_tokens: int
     output_tokens: int
     cached_tokens: int = 0
+    estimated: bool = field(default=False, compare=False)
+    """The backend sent no usage and these are the shim's estimates (see `server_shim/tokens.py`)."""
 
 
 @dataclass(slots=True, frozen=True)

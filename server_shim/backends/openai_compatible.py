@@ -143,7 +143,7 @@ async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> A
                 finish = choice["finish_reason"]
     if not done and finish is None:
         raise BackendError("backend stream ended before the response finished")
-    yield usage or Usage(request.estimate_input_tokens(), max(pieces, estimate_tokens(output_chars)))
+    yield usage or Usage(request.estimate_input_tokens(), max(pieces, estimate_tokens(output_chars)), estimated=True)
     yield Finish("tool_calls" if saw_calls and finish in (None, "stop") else finish or "stop")
 
 

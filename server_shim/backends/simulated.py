@@ -80,7 +80,7 @@ class SimulatedBackend:
             yield piece
         input_tokens = request.estimate_input_tokens()
         cached = estimate_tokens(request.cached_prefix_nbytes) if request.cached_prefix_nbytes else 0
-        yield Usage(input_tokens, output_tokens, min(cached, input_tokens))
+        yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
         capped = (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
         yield Finish("tool_calls" if call else "length" if capped else "stop")
 
