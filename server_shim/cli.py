@@ -35,6 +35,7 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, object]:
         "store": args.store,
         "backend_api_key": args.backend_api_key,
         "log_format": args.log_format,
+        "otel": args.otel,
     }
 
 
@@ -178,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="TOML file: [server] settings, [[deployments]], [routing]; variables and flags override it"
     )
     serve.add_argument("--log-format", choices=["text", "json"], help="'json': one JSON object per log line")
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        default=None,
+        help="OpenTelemetry spans per turn and stage over OTLP/HTTP (OTEL_* variables; the otel extra)",
+    )
     serve.add_argument(
         "--workers",
         type=int,

@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from . import metrics
+from . import metrics, tracing
 from .errors import APIError, internal_error, invalid
 from .items import Item
 from .requests import parse_create
@@ -63,6 +63,7 @@ async def create_response(request: Request) -> Response:
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
         turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope))
+        turn.result.trace_carrier = tracing.carrier(request.scope["headers"])
         await turn.prepare()
     except APIError as error:
         return error_response(error)

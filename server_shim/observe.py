@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from . import metrics
+from . import metrics, tracing
 from .turn import Turn
 
 log = logging.getLogger("responses_ws.responses")
@@ -36,8 +36,6 @@ def turn_finished(turn: Turn) -> None:
     )
     for kind, seconds in result.plugin_s.items():
         metrics.PLUGIN_SECONDS.labels(kind).observe(seconds)
-    if not log.isEnabledFor(logging.INFO):
-        return
     ttft = stages.ttft_s
     fields = {
         "tenant": turn.tenant or ANONYMOUS,
@@ -55,3 +53,4 @@ def turn_finished(turn: Turn) -> None:
         "shim_ms": round(sum(stages.seconds.get(s, 0.0) for s in metrics.SHIM_STAGES) * 1000, 3),
     }
     log.info("response %s %s", response["id"], response["status"], extra={"fields": fields})
+    tracing.record(turn, result.trace_carrier, {f"responses_ws.{key}": value for key, value in fields.items()})

@@ -18,7 +18,7 @@ from uvicorn.supervisors import Multiprocess
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 
-from . import metrics
+from . import metrics, tracing
 from .app import ShimState, create_app
 from .config import ShimConfig
 from .loading import Loaded
@@ -131,6 +131,9 @@ def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
         log.info("%s", line)
     for warning in loaded.warnings:
         log.warning("%s", warning)
+    if settings.otel:
+        tracing.enable()
+        log.info("OpenTelemetry: a span per turn and per stage, exported over OTLP/HTTP (OTEL_* variables)")
     if workers > 1:
         serve_workers(loaded, sock, log_level=log_level, workers=workers)
         return 0
@@ -210,6 +213,8 @@ def worker_app() -> Starlette:
     setup = orjson.loads(os.environ[WORKER_ENV])
     settings = Settings.model_validate(setup["settings"])
     configure_logging(setup["log_level"], settings.log_format)
+    if settings.otel:
+        tracing.enable()
     metrics.on_worker_exit()
     return create_app(settings, config=ShimConfig.model_validate(setup["config"]))
 

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="'json': one JSON object per log line (the per-response line included)"
     )
+    otel: bool = Field(
+        default=False,
+        description="OpenTelemetry spans per turn and stage, exported over OTLP/HTTP (OTEL_* variables); "
+        "needs the otel extra",
+    )
 
     @field_validator("store")
     @classmethod

@@ -17,6 +17,8 @@ class StageClock:
 
     clock: Callable[[], float] = time.perf_counter
     seconds: dict[str, float] = field(default_factory=dict)
+    intervals: list[tuple[str, float, float]] = field(default_factory=list)
+    """(stage, start, end) in clock time, in order: what a trace draws as one span per stage."""
     started: float = field(init=False)
     first_token: float | None = None
     _last: float = field(init=False)
@@ -31,6 +33,7 @@ class StageClock:
     def mark(self, stage: str) -> None:
         now = self.clock()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - self._last)
+        self.intervals.append((stage, self._last, now))
         self._last = now
 
     def mark_first_token(self) -> None:

@@ -97,6 +97,8 @@ class TurnResult:
     stages: StageClock = field(default_factory=StageClock)
     plugin_s: dict[str, float] = field(default_factory=dict)
     """Seconds in validators and in classifiers, included in the `validate` stage."""
+    trace_carrier: dict[str, str] = field(default_factory=dict)
+    """The caller's W3C trace context (`traceparent`, `tracestate`), when tracing is on."""
 
 
 class Turn:

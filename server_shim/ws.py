@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from . import metrics
+from . import metrics, tracing
 from .errors import APIError, internal_error, invalid
 from .events import new_id
 from .items import normalize_input
@@ -67,6 +67,7 @@ class ResponsesConnection:
         self._closing: asyncio.Task[None] | None = None
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
         self.id = new_id("conn")
+        self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
         self._queued = 0
         self._room = asyncio.Event()
@@ -205,6 +206,7 @@ class ResponsesConnection:
         turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
         slot: SteerSlot | None = None
         cached_bytes = self.cache.nbytes
+        turn.result.trace_carrier = self.trace_carrier
         try:
             async with contextlib.aclosing(turn.events()) as events:
                 async for event in events:
