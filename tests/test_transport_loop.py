@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx2
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from support.wire import HTTP
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
@@ -139,7 +139,7 @@ def test_transport_level_path_alone_chains_a_client_built_elsewhere(
     server: BackgroundServer, recorder: Recorder, http_outputs: list
 ) -> None:
     transport = ws_transport.WebSocketTransport()
-    http_client = httpx2.Client(transport=transport)
+    http_client = HTTP.Client(transport=transport)
     with OpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=http_client) as client:
         assert run_sync(client, stream=False, keep_objects=False) == http_outputs
     assert transport.session.stats.turns_chained == TURNS - 1
@@ -147,7 +147,7 @@ def test_transport_level_path_alone_chains_a_client_built_elsewhere(
 
 
 async def test_async_transport_level_path_streams_typed_events(server: BackgroundServer, recorder: Recorder) -> None:
-    http_client = httpx2.AsyncClient(transport=ws_transport.AsyncWebSocketTransport())
+    http_client = HTTP.AsyncClient(transport=ws_transport.AsyncWebSocketTransport())
     async with AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=http_client) as client:
         history: list[Any] = [next_user_message(0)]
         for turn in range(3):

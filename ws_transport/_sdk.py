@@ -4,12 +4,15 @@
 the client's HTTP client and transports, the request options and body transform the resource
 methods use, and the WebSocket connector the SDK's own `responses.connect()` uses. When an
 `openai` release moves one of them, this is the module to change; CI runs the transport tests
-against the newest 3.x release to find out (see `.ci/run`). Everything else in `ws_transport`
+against the oldest supported 1.x, a 2.x and the newest 3.x release to find out (see `.ci/run`).
+The 1.x/2.x clients are built on `httpx` instead of `httpx2` (see `_http.py`) and have no
+`_WebSocketConnect`: the same connector is defined here. Everything else in `ws_transport`
 uses only the SDK's public API.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,10 +21,36 @@ from openai import AsyncOpenAI, OpenAI
 from openai._base_client import make_request_options
 from openai._types import NOT_GIVEN
 from openai._utils import is_given, transform
-from openai.lib._websocket import _WebSocketConnect
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import SecurityError
+from websockets.uri import parse_uri
+
+try:
+    from openai.types.websocket_reconnection import is_recoverable_close
+except ImportError:  # openai 1.x: the same close codes, RFC 6455 section 7.4.1
+
+    def is_recoverable_close(code: int) -> bool:
+        """Whether a socket closed with `code` is worth reopening (going away, abnormal, server error, restart)."""
+        return code in (1001, 1005, 1006, 1011, 1012, 1013, 1015)
+
+
+try:
+    from openai.lib._websocket import _WebSocketConnect
+except ImportError:  # openai 1.x/2.x: the project's own connector, with the same redirect rule
+
+    class _WebSocketConnect(connect):  # type: ignore[no-redef]
+        """`websockets.connect` that follows no redirect to another origin (the credentials stay home)."""
+
+        def process_redirect(self, exc: Exception) -> Exception | str:
+            target = super().process_redirect(exc)
+            if isinstance(target, str):
+                here, there = parse_uri(self.uri), parse_uri(target)
+                if (here.secure, here.host, here.port) != (there.secure, there.host, there.port):
+                    return SecurityError("Cross-origin WebSocket redirects are not allowed")
+            return target
+
 
 Client = OpenAI | AsyncOpenAI
 
@@ -55,12 +84,17 @@ def create_fields(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def request_options(kwargs: Mapping[str, Any], extra_headers: Mapping[str, str]) -> Any:
     """The per-request options `responses.create(**kwargs)` builds, with `extra_headers` added."""
-    return make_request_options(
-        extra_headers={**(kwargs.get("extra_headers") or {}), **extra_headers},
-        extra_query=kwargs.get("extra_query"),
-        timeout=kwargs.get("timeout", NOT_GIVEN),
-        security={"bearer_auth": True},
-    )
+    options: dict[str, Any] = {
+        "extra_headers": {**(kwargs.get("extra_headers") or {}), **extra_headers},
+        "extra_query": kwargs.get("extra_query"),
+        "timeout": kwargs.get("timeout", NOT_GIVEN),
+    }
+    if _REQUEST_SECURITY:  # openai 3.x names the auth scheme per request; older clients always send the key
+        options["security"] = {"bearer_auth": True}
+    return make_request_options(**options)
+
+
+_REQUEST_SECURITY = "security" in inspect.signature(make_request_options).parameters
 
 
 def post(resource: Any, options: Any, path: str = "/responses", **kwargs: Any) -> Any:
@@ -77,4 +111,4 @@ async def connect_websocket(
     url: str, headers: list[tuple[str, str]], user_agent: str | None, **options: Any
 ) -> ClientConnection:
     """Open a WebSocket as the SDK's `responses.connect()` does (no cross-origin redirects with credentials)."""
-    return await _WebSocketConnect(url, additional_headers=headers, user_agent_header=user_agent, **options)
+    return await _WebSocketConnect(url, additional_headers=headers, user_agent_header=user_agent, **options)  # type: ignore[no-any-return]

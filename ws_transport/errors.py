@@ -30,6 +30,8 @@ import httpx2
 import openai
 import orjson
 
+from . import _http
+
 STATUS_BY_TYPE = {
     "invalid_request_error": 400,
     "authentication_error": 401,
@@ -107,7 +109,7 @@ def error_status(event: dict[str, Any]) -> int:
 
 
 def error_response(status: int, error: dict[str, Any], request: httpx2.Request) -> httpx2.Response:
-    return httpx2.Response(
+    return _http.module_of(request).Response(
         status,
         headers={"content-type": "application/json"},
         content=orjson.dumps({"error": error}),

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Generic, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import httpx2
 import orjson
 from typing_extensions import Unpack
 
+from . import _http
 from .errors import TurnNotPrepared, UseHTTP
 from .options import SessionOptions
 from .portal import Portal, PortalStream
@@ -43,12 +44,18 @@ class _Router(Generic[InnerT]):
     def __init__(
         self, inner: InnerT | None = None, *, options: SessionOptions | None = None, session: Session | None = None
     ) -> None:
-        self.inner: InnerT = inner if inner is not None else self._plain()
+        self.inner: InnerT | None = inner
         self.session = session or Session(options)
 
+    def _inner_for(self, request: httpx2.Request) -> InnerT:
+        """The transport for everything that is not a turn; when none was given, a plain one of the
+        request's own library (httpx2 for openai 3.x clients, httpx for 1.x/2.x), made on first use."""
+        if self.inner is None:
+            self.inner = self._plain(_http.module_of(request))
+        return self.inner
+
     @staticmethod
-    def _plain() -> InnerT:
-        """The transport for everything that is not a turn, when none is given."""
+    def _plain(http: Any) -> InnerT:
         raise NotImplementedError
 
     def _turn(self, request: httpx2.Request) -> tuple[TurnRequest | None, bool]:
@@ -102,7 +109,8 @@ class _Router(Generic[InnerT]):
         headers = [
             (k, v) for k, v in request.headers.multi_items() if k.lower() not in (TICKET_HEADER, "content-length")
         ]
-        return httpx2.Request(request.method, request.url, headers=headers, content=body, extensions=request.extensions)
+        make = type(request)  # httpx2 or httpx, as the client that made it
+        return make(request.method, request.url, headers=headers, content=body, extensions=request.extensions)
 
 
 CHAT_PATH = "/chat/completions"
@@ -135,32 +143,33 @@ def parse_turn(session: Session, request: httpx2.Request) -> TurnRequest | None:
     return TurnRequest(fields, plan, raw_input, stream=body.get("stream") is True, http_body_bytes=content)
 
 
-class AsyncWebSocketTransport(_Router[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport):
+class AsyncWebSocketTransport(_Router[httpx2.AsyncBaseTransport], *_http.bases("AsyncBaseTransport")):  # type: ignore[misc]
     """For `AsyncOpenAI`: `httpx2.AsyncClient(transport=AsyncWebSocketTransport())`, or via `wrap()`.
 
-    `inner` (default: a new `httpx2.AsyncHTTPTransport`) carries every request that is not a turn.
+    `inner` (default: a new `AsyncHTTPTransport` of the client's httpx2 or httpx) carries every request that is not a turn.
     """
 
     @staticmethod
-    def _plain() -> httpx2.AsyncBaseTransport:
-        return httpx2.AsyncHTTPTransport()
+    def _plain(http: Any) -> httpx2.AsyncBaseTransport:
+        return http.AsyncHTTPTransport()  # type: ignore[no-any-return]
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         turn, on_session = self._turn(request)
         if turn is not None and on_session:
             with contextlib.suppress(UseHTTP):
                 return await websocket_reply(self.session, request, turn)
-        return await self.inner.handle_async_request(self._http_request(request, turn))
+        return await self._inner_for(request).handle_async_request(self._http_request(request, turn))
 
     async def aclose(self) -> None:
         await self.session.aclose()
-        await self.inner.aclose()
+        if self.inner is not None:
+            await self.inner.aclose()
 
 
-class WebSocketTransport(_Router[httpx2.BaseTransport], httpx2.BaseTransport):
+class WebSocketTransport(_Router[httpx2.BaseTransport], *_http.bases("BaseTransport")):  # type: ignore[misc]
     """For `OpenAI`: the session runs on a private loop thread (see `portal.py` for why).
 
-    `inner` (default: a new `httpx2.HTTPTransport`) carries every request that is not a turn;
+    `inner` (default: a new `HTTPTransport` of the client's httpx2 or httpx) carries every request that is not a turn;
     `portal` is the loop thread (`wrap()` gives each of a client's transports the same one).
     """
 
@@ -172,26 +181,27 @@ class WebSocketTransport(_Router[httpx2.BaseTransport], httpx2.BaseTransport):
         self._shutdown = weakref.finalize(self, _shutdown, self.portal, self.session)
 
     @staticmethod
-    def _plain() -> httpx2.BaseTransport:
-        return httpx2.HTTPTransport()
+    def _plain(http: Any) -> httpx2.BaseTransport:
+        return http.HTTPTransport()  # type: ignore[no-any-return]
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         turn, on_session = self._turn(request)
         if turn is not None and on_session:
             with contextlib.suppress(UseHTTP):
                 return _on_this_thread(self.portal.call(websocket_reply(self.session, request, turn)), self.portal)
-        return self.inner.handle_request(self._http_request(request, turn))
+        return self._inner_for(request).handle_request(self._http_request(request, turn))
 
     def close(self) -> None:
         self._shutdown()
-        self.inner.close()
+        if self.inner is not None:
+            self.inner.close()
 
 
 def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Response:
     stream = response.stream
     if not isinstance(stream, SSEStream):
         return response
-    return httpx2.Response(
+    return _http.module_of(response).Response(
         response.status_code, headers=response.headers, stream=PortalStream(stream, portal), request=response.request
     )
 

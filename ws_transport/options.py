@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai.types.websocket_reconnection import is_recoverable_close
+from ._sdk import is_recoverable_close
 
 FALLBACK_STATUSES = frozenset({404, 405, 426})
 """Upgrade answers that mean "no WebSocket here": the session switches to HTTP for good."""

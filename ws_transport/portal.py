@@ -13,8 +13,7 @@ import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator
 from typing import Any, Protocol, TypeVar
 
-import httpx2
-
+from . import _http
 from .errors import SessionClosed
 
 T = TypeVar("T")
@@ -96,7 +95,7 @@ class AsyncChunks(Protocol):
     async def aclose(self) -> None: ...
 
 
-class PortalStream(httpx2.SyncByteStream):
+class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
     """An async byte stream on the portal's loop, read from the caller's thread.
 
     `close()` may come from any thread while the reader waits for a chunk (a "stop" button). The
@@ -118,15 +117,19 @@ class PortalStream(httpx2.SyncByteStream):
         while True:
             with self._lock:
                 if self.closed:
-                    raise httpx2.ReadError("the response stream was closed")
+                    raise self._closed_error()
                 pending = self.portal.submit(self._next())
             try:
                 chunk = pending.result()
             except (concurrent.futures.CancelledError, _StreamClosed):
-                raise httpx2.ReadError("the response stream was closed") from None
+                raise self._closed_error() from None
             if chunk is None:
                 return
             yield chunk
+
+    def _closed_error(self) -> Exception:
+        http = _http.module_of(getattr(self.stream, "request", None))
+        return http.ReadError("the response stream was closed")  # type: ignore[no-any-return]
 
     def close(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx2
 import orjson
 
+from . import _http
 from .errors import ConnectionLost, TurnRejected, UpgradeRejected, error_body, error_response, error_status
 from .session import Session
 from .turn import TurnRequest
@@ -39,16 +40,17 @@ async def _reply(
         if turn.stream:
             first = await anext(events)
             stream = SSEStream(first, events, request, _framer(turn))
-            return httpx2.Response(200, headers=SSE_HEADERS, stream=stream, request=request)
+            return _http.module_of(request).Response(200, headers=SSE_HEADERS, stream=stream, request=request)
         return _final_reply(await _drain(events), request, turn)
     except TurnRejected as rejected:
         return error_response(rejected.status, rejected.error, request)
     except UpgradeRejected as rejected:
-        return httpx2.Response(rejected.status, headers=rejected.headers, content=rejected.body, request=request)
+        http = _http.module_of(request)
+        return http.Response(rejected.status, headers=rejected.headers, content=rejected.body, request=request)
     except ConnectionLost as lost:
-        raise httpx2.RemoteProtocolError(str(lost), request=request) from lost
+        raise _http.module_of(request).RemoteProtocolError(str(lost), request=request) from lost
     except TimeoutError as exc:
-        raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=request) from exc
+        raise _timeout(request) from exc
 
 
 async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -66,7 +68,8 @@ def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request, turn: Turn
         return error_response(error_status(errors[-1]), error_body(errors[-1]), request)
     final = kept[-1]["response"]
     content = turn.chat.final(final, turn.recorded) if turn.chat is not None else orjson.dumps(final)
-    return httpx2.Response(200, headers={"content-type": "application/json"}, content=content, request=request)
+    json_headers = {"content-type": "application/json"}
+    return _http.module_of(request).Response(200, headers=json_headers, content=content, request=request)
 
 
 def _framer(turn: TurnRequest) -> Callable[[dict[str, Any]], bytes]:
@@ -97,7 +100,11 @@ def sse_error(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class SSEStream(httpx2.AsyncByteStream):
+def _timeout(request: httpx2.Request) -> Exception:
+    return _http.module_of(request).ReadTimeout("timed out waiting for the next WebSocket event", request=request)
+
+
+class SSEStream(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
     """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
 
     def __init__(
@@ -118,9 +125,9 @@ class SSEStream(httpx2.AsyncByteStream):
             async for event in self.events:
                 yield self.frame(event)
         except ConnectionLost as lost:
-            raise httpx2.RemoteProtocolError(str(lost), request=self.request) from lost
+            raise _http.module_of(self.request).RemoteProtocolError(str(lost), request=self.request) from lost
         except TimeoutError as exc:
-            raise httpx2.ReadTimeout("timed out waiting for the next WebSocket event", request=self.request) from exc
+            raise _timeout(self.request) from exc
         finally:
             await self.events.aclose()
 

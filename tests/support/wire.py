@@ -7,14 +7,26 @@ The SDK's `recv()` uses `construct` (no validation); these helpers read the raw 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
+import openai
 import orjson
-from openai.types.responses import Response, ResponsesServerEvent, ResponseStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+
+OPENAI_MAJOR = int(openai.__version__.split(".")[0])
+HTTP: Any = httpx2 if OPENAI_MAJOR >= 3 else importlib.import_module("httpx")
+"""The HTTP library the installed `openai` client is built on (CI also runs the transport tests on 1.x and 2.x)."""
+
+try:
+    from openai.types.responses import ResponsesServerEvent
+except ImportError:  # openai 1.x has no WebSocket-mode types; its transport tests check events as stream events
+    ResponsesServerEvent = ResponseStreamEvent  # type: ignore[misc]
 
 WS_EVENT = TypeAdapter(ResponsesServerEvent)
 SSE_EVENT = TypeAdapter(ResponseStreamEvent)
