@@ -12,6 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from support.wire import HTTP
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
@@ -54,7 +55,7 @@ def user(text: str) -> dict[str, Any]:
 def test_a_client_built_elsewhere_chains_by_value(
     server: BackgroundServer, recorder: Recorder, transport: ws_transport.WebSocketTransport
 ) -> None:
-    client = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx2.Client(transport=transport))
+    client = OpenAI(base_url=server.base_url, api_key="k", http_client=HTTP.Client(transport=transport))
     history: list[Any] = [user("hello")]
     first = client.responses.create(model=MODEL, input=history, store=False)
     history += [*first.output, user("more")]  # SDK models: compared by the JSON the SDK sends
@@ -67,7 +68,7 @@ def test_a_client_built_elsewhere_chains_by_value(
 async def test_the_async_transport_does_the_same(server: BackgroundServer, recorder: Recorder) -> None:
     transport = ws_transport.AsyncWebSocketTransport()
     async with AsyncOpenAI(
-        base_url=server.base_url, api_key="k", http_client=httpx2.AsyncClient(transport=transport)
+        base_url=server.base_url, api_key="k", http_client=HTTP.AsyncClient(transport=transport)
     ) as client:
         history: list[Any] = [user("hello")]
         first = await client.responses.create(model=MODEL, input=history, store=False)
@@ -105,7 +106,7 @@ def test_a_ticket_this_session_never_issued_is_refused(
 def test_a_turn_for_another_url_than_the_sessions_goes_over_http(
     server: BackgroundServer, transport: ws_transport.WebSocketTransport
 ) -> None:
-    client = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx2.Client(transport=transport))
+    client = OpenAI(base_url=server.base_url, api_key="k", http_client=HTTP.Client(transport=transport))
     client.responses.create(model=MODEL, input="hello")
     sockets = server.shim.stats.websocket_connections
     other = client.with_options(base_url=server.base_url.replace("127.0.0.1", "localhost"))

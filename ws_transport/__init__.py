@@ -9,7 +9,8 @@ WebSocket session and send `previous_response_id` plus only the new items whenev
 allows; with `wrap(client, chat_completions=True)`, `chat.completions.create` does too (translated
 to `response.create`, answered as `ChatCompletion` / chunks); every other endpoint stays on HTTP.
 For a client built elsewhere, pass
-`httpx2.Client(transport=WebSocketTransport())` (or the async one) as its `http_client`.
+`httpx2.Client(transport=WebSocketTransport())` (or the async one; `httpx.Client` for an openai
+1.x/2.x client) as its `http_client`. openai 1.x, 2.x and 3.x are supported (see `_http.py`).
 
 Errors: failures the server reports reach the caller as the SDK's own exceptions, exactly as
 over HTTP; the transport's own are `TransportError` and its subclasses (see `ws_transport.errors`).
