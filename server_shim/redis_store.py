@@ -1,9 +1,11 @@
 """The shared response store on Redis: what lets another worker or replica continue a conversation.
 
-One key per stored response (`<prefix>resp:<id>`), written with a TTL, holding a versioned
-encoding of the `ResponseState`: items, tools and the rendered history, so a replica that never
-saw the conversation continues it without the client resending anything. Readers accept every
-version they know and ignore fields they do not, so a rolling upgrade never breaks a read.
+One key per stored response (`<prefix>resp:<id>`) holding a versioned encoding of the
+`ResponseState` (items, tools, what the next turn needs), and one list per conversation
+(`<prefix>hist:<id of its first stored response>`) holding the rendered history, both with a TTL:
+a replica that never saw the conversation continues it without the client resending anything.
+Readers accept every version they know and ignore fields they do not, so a rolling upgrade never
+breaks a read.
 
 Redis being down is reported as `store_unavailable` (503) to the turns that need the store; the
 client library reconnects on the next command, so the service recovers by itself.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,25 +31,63 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENCODING_VERSION = 1
-"""Bump when a field changes meaning; `decode_state` must keep reading every older version."""
+ENCODING_VERSION = 2
+"""Bump when a field changes meaning; `decode_state` keeps reading every older version.
+
+v1 (a JSON object): the whole rendered history inline, as `messages`. v2: a header line
+`2<TAB>history key<TAB>message count`, then the same JSON without `messages`: the history is a
+Redis list shared by the turns of one conversation, each turn appending only its own messages,
+so a conversation of N turns holds O(total bytes) in Redis, not O(N^2)."""
+
+_SAVE = r"""
+-- KEYS: entry, history list. ARGV: entry bytes, ttl ms, the list length it must have (-1: start it anew), fragments...
+local expected = tonumber(ARGV[3])
+if expected < 0 then
+  redis.call('DEL', KEYS[2])
+elseif redis.call('LLEN', KEYS[2]) ~= expected then
+  return 0
+end
+for i = 4, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_LOAD = r"""
+local entry = redis.call('GET', KEYS[1])
+if not entry then return false end
+local key, count = string.match(entry, '^2\t([^\t]+)\t(%d+)\n')
+if key then return {entry, redis.call('LRANGE', key, 0, tonumber(count) - 1)} end
+return {entry}
+"""
 
 
 class UnreadableEntry(ValueError):
-    """A stored entry written by a newer, unknown encoding (or damaged): treated as absent, and logged."""
+    """A stored entry written by a newer, unknown encoding (or damaged, or its history gone): treated as absent."""
 
 
-def encode_state(state: ResponseState) -> bytes:
-    """The stored form: plain JSON with a version number; the prompt as its chat messages."""
-    return orjson.dumps(
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a stored response's history ends: its list, its length, and a fingerprint of that prefix."""
+
+    key: str
+    count: int
+    nbytes: int
+    tail: int
+
+
+def encode_state(state: ResponseState, history_key: str) -> bytes:
+    """A v2 entry: the header naming the history list and its length, then the state without its history."""
+    header = f"{ENCODING_VERSION}\t{history_key}\t{state.prompt.count}\n".encode()
+    return header + orjson.dumps(
         {
-            "v": ENCODING_VERSION,
             "tenant": state.tenant,
             "response": state.response,
             "input_items": state.input_items,
             "output_items": state.output_items,
             "tools": state.tools,
-            "messages": list(state.prompt.messages),
             "call_ids": sorted(state.call_ids),
             "deployment": state.deployment,
             "carry": state.carry,
@@ -55,22 +97,31 @@ def encode_state(state: ResponseState) -> bytes:
     )
 
 
-def decode_state(raw: bytes) -> ResponseState:
-    """Rebuild a state; the rendered prompt re-encodes to the same bytes, so backend prefix caches still hit."""
-    try:
-        body = orjson.loads(raw)
-        version = body.get("v") if isinstance(body, dict) else None
-    except orjson.JSONDecodeError as exc:
-        raise UnreadableEntry(f"not JSON: {exc}") from None
-    if version != ENCODING_VERSION:
-        raise UnreadableEntry(f"encoding version {version!r}; this server reads up to {ENCODING_VERSION}")
+def decode_state(raw: bytes, history: list[bytes] | None = None) -> ResponseState:
+    """Rebuild a state from a v1 or v2 entry (and, for v2, its history's fragments).
+
+    The rendered prompt re-encodes to the same bytes, so backend prefix caches still hit.
+    """
+    if raw.startswith(b"{"):
+        body = _json(raw)
+        if body.get("v") != 1:
+            raise UnreadableEntry(f"encoding version {body.get('v')!r}; this server reads up to {ENCODING_VERSION}")
+        messages = body["messages"]
+    else:
+        head, _, rest = raw.partition(b"\n")
+        fields = head.split(b"\t")
+        if fields[0] != b"2" or len(fields) != 3:
+            raise UnreadableEntry(f"encoding {head[:20]!r}; this server reads up to {ENCODING_VERSION}")
+        if history is None or len(history) != int(fields[2]):
+            raise UnreadableEntry("its conversation history expired or was evicted")
+        body, messages = _json(rest), [orjson.loads(fragment) for fragment in history]
     return ResponseState(
         response=body["response"],
         input_items=body["input_items"],
         output_items=body["output_items"],
         tools=body["tools"],
         chat_tools=chat_tools(body["tools"]),
-        prompt=ChatPrompt().extend(body["messages"]),
+        prompt=ChatPrompt().extend(messages),
         call_ids=frozenset(body.get("call_ids", ())),
         deployment=body.get("deployment"),
         carry=body.get("carry") or {},
@@ -80,12 +131,38 @@ def decode_state(raw: bytes) -> ResponseState:
     )
 
 
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise UnreadableEntry(f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise UnreadableEntry("not a JSON object")
+    return body
+
+
+def _where(key: str, prompt: ChatPrompt) -> _Where:
+    tail = prompt.own_fragments[-1] if prompt.own_fragments else b""
+    return _Where(key, prompt.count, prompt.nbytes, hash(tail))
+
+
+def _extends(prompt: ChatPrompt, where: _Where) -> bool:
+    """Whether `prompt` is the history at `where` plus more: a node of its chain matches that prefix."""
+    node: ChatPrompt | None = prompt
+    while node is not None and node.count > where.count:
+        node = node.parent
+    return node is not None and node.count == where.count and _where(where.key, node) == where
+
+
 class RedisResponseStore:
     """`ResponseStore` on a Redis server shared by every worker and replica.
 
-    `ttl_s` bounds how long a response can be continued; `max_entry_bytes` bounds one entry
-    (a larger response is not stored and a warning is logged; its connection can still continue it).
-    Total memory is Redis's own business: set `maxmemory` with `volatile-lru`, every key has a TTL.
+    `ttl_s` bounds how long a response can be continued; `max_entry_bytes` bounds one response with
+    its history (a larger one is not stored and a warning is logged; its connection can still
+    continue it). Total memory is Redis's own business: set `maxmemory` with `volatile-lru`, every
+    key has a TTL. A turn appends its messages to its parent's history list when it continues the
+    list's newest response (which this process saved or loaded); a fork, or a parent it does not
+    know, starts a list of its own.
     """
 
     def __init__(
@@ -96,42 +173,80 @@ class RedisResponseStore:
         max_entry_bytes: int = 32 * 1024 * 1024,
         timeout_s: float = 2.0,
         prefix: str = "responses-ws:",
+        known: int = 10_000,
     ) -> None:
         self.url = url
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.max_entry_bytes = max_entry_bytes
         self.prefix = prefix
         self._redis = connect(url, timeout_s)
+        self._save_script = self._redis.register_script(_SAVE)
+        self._load_script = self._redis.register_script(_LOAD)
+        self._known: OrderedDict[str, _Where] = OrderedDict()
+        self._known_max = known
 
     def _key(self, response_id: str) -> str:
         return f"{self.prefix}resp:{response_id}"
 
+    def _history_key(self, response_id: str) -> str:
+        return f"{self.prefix}hist:{response_id}"
+
     async def save(self, state: ResponseState) -> None:
-        raw = encode_state(state)
-        if len(raw) > self.max_entry_bytes:
+        prompt = state.prompt
+        parent = self._known.get(state.response.get("previous_response_id") or "")
+        if parent is not None and _extends(prompt, parent) and await self._write(state, parent.key, parent.count):
+            return
+        # no parent it knows, a fork (another turn appended first), or the list expired: a list of its own
+        await self._write(state, self._history_key(state.id), -1)
+
+    async def _write(self, state: ResponseState, history_key: str, expected: int) -> bool:
+        """One atomic script: append the new messages (all of them when `expected` is -1), set the entry.
+
+        False when the list is not `expected` long. A response over the bound is skipped (True: done).
+        """
+        entry = encode_state(state, history_key)
+        if len(entry) + state.prompt.nbytes > self.max_entry_bytes:
             log.warning(
-                "response %s not stored: %d bytes encoded, over the store's %d-byte entry bound",
+                "response %s not stored: %d bytes with its history, over the store's %d-byte bound",
                 state.id,
-                len(raw),
+                len(entry) + state.prompt.nbytes,
                 self.max_entry_bytes,
             )
-            return
-        await self._call("save", self._redis.set(self._key(state.id), raw, px=self.ttl_ms))
+            return True
+        fragments = state.prompt.fragments[max(expected, 0) :]
+        keys = [self._key(state.id), history_key]
+        written = await self._call(
+            "save", self._save_script(keys=keys, args=[entry, self.ttl_ms, expected, *fragments])
+        )
+        if written:
+            self._remember(state.id, _where(history_key, state.prompt))
+        return bool(written)
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
-        raw = await self._call("load", self._redis.get(self._key(response_id)))
-        if raw is None:
+        found = await self._call("load", self._load_script(keys=[self._key(response_id)]))
+        if not found:
             return None
         try:
-            state = decode_state(raw)
+            state = decode_state(found[0], found[1] if len(found) > 1 else None)
         except (UnreadableEntry, KeyError, TypeError) as exc:
             log.warning("stored response %s is unreadable (%s): treated as absent", response_id, exc)
             return None
-        return state if state.tenant == tenant else None
+        if state.tenant != tenant:
+            return None
+        if not found[0].startswith(b"{"):
+            self._remember(response_id, _where(found[0].split(b"\t", 2)[1].decode(), state.prompt))
+        return state
+
+    def _remember(self, response_id: str, where: _Where) -> None:
+        self._known[response_id] = where
+        self._known.move_to_end(response_id)
+        while len(self._known) > self._known_max:
+            self._known.popitem(last=False)
 
     async def delete(self, response_id: str, tenant: str | None) -> bool:
         if await self.load(response_id, tenant) is None:
             return False
+        self._known.pop(response_id, None)
         return bool(await self._call("delete", self._redis.delete(self._key(response_id))))
 
     async def ping(self) -> bool:

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 from support.wire import LOOKUP_TOOL, MODEL, TurnEvents, completed_ok, run_turn, user
 
 from server_shim.ledger_sinks import RedisStreamSink
-from server_shim.redis_store import ENCODING_VERSION, RedisResponseStore, UnreadableEntry, decode_state, encode_state
+from server_shim.redis_store import RedisResponseStore, UnreadableEntry, decode_state, encode_state
 from server_shim.render import ChatPrompt, render_items
 from server_shim.state import ResponseState
 from server_shim.tools import chat_tools
@@ -38,19 +38,33 @@ def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -
 
 def test_the_encoding_round_trips_every_field_and_the_prompt_bytes():
     original = state("resp_1")
-    decoded = decode_state(encode_state(original))
+    entry = encode_state(original, "responses-ws:hist:resp_1")
+    assert entry.startswith(b"2\tresponses-ws:hist:resp_1\t2\n") and b"messages" not in entry
+    decoded = decode_state(entry, list(original.prompt.fragments))
     assert decoded == original
     assert decoded.prompt.fragments == original.prompt.fragments
     assert decoded.prompt.encoded_messages("sys") == original.prompt.encoded_messages("sys")
 
 
-def test_an_entry_from_an_unknown_version_is_refused_and_unknown_fields_are_ignored():
-    body = orjson.loads(encode_state(state("resp_1")))
+def v1_entry(original: ResponseState) -> bytes:
+    """What the first encoding (whole history inline) wrote: still readable after an upgrade."""
+    body = orjson.loads(encode_state(original, "unused").partition(b"\n")[2])
+    return orjson.dumps({"v": 1, **body, "messages": list(original.prompt.messages)})
+
+
+def test_every_known_version_is_read_unknown_ones_refused_and_unknown_fields_ignored():
+    original = state("resp_1")
+    assert decode_state(v1_entry(original)) == original
+    later = orjson.loads(v1_entry(original))
+    assert decode_state(orjson.dumps({**later, "added_later": [1, 2]})).id == "resp_1"
     with pytest.raises(UnreadableEntry, match="version"):
-        decode_state(orjson.dumps({**body, "v": ENCODING_VERSION + 1}))
-    assert decode_state(orjson.dumps({**body, "added_later": [1, 2]})).id == "resp_1"
+        decode_state(orjson.dumps({**later, "v": 7}))
+    with pytest.raises(UnreadableEntry, match="reads up to"):
+        decode_state(b"3\tkey\t2\n{}")
+    with pytest.raises(UnreadableEntry, match="expired"):
+        decode_state(encode_state(original, "k"), [])
     with pytest.raises(UnreadableEntry):
-        decode_state(b"\x00not json")
+        decode_state(b"{not json")
 
 
 async def test_the_store_saves_with_a_ttl_loads_for_its_tenant_only_and_deletes(redis_server):
@@ -82,11 +96,85 @@ async def test_a_response_over_the_entry_bound_is_not_stored(redis_server):
         await store.aclose()
 
 
-async def test_an_unreadable_entry_reads_as_absent(redis_server):
+async def test_an_unreadable_entry_reads_as_absent_and_a_v1_entry_is_read(redis_server):
     redis_server.command("SET", "responses-ws:resp:resp_bad", '{"v": 99}')
+    redis_server.command("SET", "responses-ws:resp:resp_old", v1_entry(state("resp_old")).decode())
     store = RedisResponseStore(redis_server.url)
     try:
         assert await store.load("resp_bad", None) is None
+        assert await store.load("resp_old", "alice") == state("resp_old")
+    finally:
+        await store.aclose()
+
+
+def child(parent: ResponseState, response_id: str, text: str) -> ResponseState:
+    """The next turn of `parent`, built as the turn builds it: the parent's prompt extended."""
+    items = [user(text)]
+    output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok " + text}]}]
+    return ResponseState(
+        response={"id": response_id, "previous_response_id": parent.id, "output": output},
+        input_items=items,
+        output_items=output,
+        tools=[],
+        chat_tools=None,
+        prompt=parent.prompt.extend(render_items(items)).extend(render_items(output)),
+        call_ids=parent.call_ids,
+        tenant=parent.tenant,
+    )
+
+
+def redis_int(redis_server, *command: str) -> int:
+    return int(redis_server.command(*command)[1:].split(b"\r")[0])
+
+
+async def test_a_conversation_appends_to_one_history_so_redis_holds_o_of_total_bytes(redis_server):
+    store, other = RedisResponseStore(redis_server.url), RedisResponseStore(redis_server.url)
+    try:
+        states = [state("resp_0")]
+        await store.save(states[0])
+        for turn in range(1, 60):
+            states.append(child(states[-1], f"resp_{turn}", f"{turn} " + "x" * 2000))
+            await store.save(states[-1])
+        # one list holds the conversation's messages once; each entry holds only its own turn
+        assert redis_server.command("KEYS", "responses-ws:hist:*").count(b"responses-ws:hist:") == 1
+        history = "responses-ws:hist:resp_0"
+        assert redis_int(redis_server, "LLEN", history) == states[-1].prompt.count == 2 + 2 * 59
+        entries = sum(redis_int(redis_server, "STRLEN", f"responses-ws:resp:{s.id}") for s in states)
+        assert entries < 3 * states[-1].prompt.nbytes  # its items and response; a history copy per turn: ~30x
+        for s in (states[0], states[30], states[-1]):
+            assert (await other.load(s.id, "alice")).prompt == s.prompt
+        # another process that loaded the tip appends to the same list
+        follow = child(states[-1], "resp_next", "more")
+        await other.save(follow)
+        assert redis_int(redis_server, "LLEN", history) == follow.prompt.count
+        assert (await store.load("resp_next", "alice")).prompt == follow.prompt
+    finally:
+        await store.aclose()
+        await other.aclose()
+
+
+async def test_a_fork_gets_its_own_history_and_both_branches_read_back(redis_server):
+    store = RedisResponseStore(redis_server.url)
+    try:
+        root = state("resp_root")
+        await store.save(root)
+        left, right = child(root, "resp_left", "left"), child(root, "resp_right", "right")
+        await store.save(left)
+        await store.save(right)  # the list already continues with `left`: `right` starts its own
+        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_root") == left.prompt.count
+        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_right") == right.prompt.count
+        for s in (root, left, right):
+            assert (await store.load(s.id, "alice")).prompt == s.prompt
+    finally:
+        await store.aclose()
+
+
+async def test_a_response_whose_history_was_evicted_reads_as_absent(redis_server):
+    store = RedisResponseStore(redis_server.url)
+    try:
+        await store.save(state("resp_1"))
+        redis_server.command("DEL", "responses-ws:hist:resp_1")
+        assert await store.load("resp_1", "alice") is None
     finally:
         await store.aclose()
 
