@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -155,6 +156,9 @@ class PendingChecks:
 
     blocking: asyncio.Task[CheckOutcome] | None
     flagging: asyncio.Task[CheckOutcome] | None
+    started: float = field(default_factory=time.perf_counter)
+    seconds: float = 0.0
+    """How long the checks ran beside inference (start to the last one done), once `outcome()` returned."""
 
     @classmethod
     def start(
@@ -174,6 +178,7 @@ class PendingChecks:
         for task in (self.blocking, self.flagging):
             if task is not None:
                 base.merge(await task)
+        self.seconds = time.perf_counter() - self.started
         return base
 
     def cancel(self) -> None:

@@ -69,7 +69,10 @@ TURN_SECONDS = Histogram(
 )
 TOKENS = Counter("responses_ws_tokens", "Tokens by deployment and kind (input, cached, output)", ["deployment", "kind"])
 PLUGIN_SECONDS = Histogram(
-    "responses_ws_plugin_seconds", "Time per turn in validators and classifiers", ["kind"], buckets=_FAST
+    "responses_ws_plugin_seconds",
+    "Time per turn in validators, classifiers and checks (check: before inference; check_beside_inference)",
+    ["kind"],
+    buckets=_FAST,
 )
 CONNECTIONS = Gauge("responses_ws_active_connections", "Open WebSocket connections", multiprocess_mode="livesum")
 LANES = Gauge(

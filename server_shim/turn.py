@@ -156,6 +156,7 @@ class Turn:
             new_items = expanded
         prior_checks = previous.checks if previous else {}
         prior_output = previous.output_items if previous else []
+        checked = stages.clock()
         outcome, later = await prepare_checks(
             self.env.checks(self.request.model),
             prior_checks,
@@ -164,6 +165,7 @@ class Turn:
             overlap=self.env.overlap_checks,
         )
         new_items = outcome.items
+        self.result.plugin_s["check"] = stages.clock() - checked
         tools = self._chat_tools(previous)
         sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
         if tools.dropped:
@@ -293,6 +295,8 @@ class Turn:
                 yield event
             return
         plan.labels.update(plan.checks.labels)
+        if plan.later_checks:
+            self.result.plugin_s["check_beside_inference"] = checks.seconds
         counted = await plan.counting.result()
         plan.tokens = counted.through if counted else None
         reason = "steered" if steered else None

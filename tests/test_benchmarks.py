@@ -41,18 +41,23 @@ def _check_targets(result: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench")
+    return out, bench_quick(["overhead", "agent", "agent-llama", "relay"], out, timeout=240)
+
+
+def bench_quick(suites: list[str], out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks SUITES --quick --out OUT` from the checkout, which must succeed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "overhead", "agent", "agent-llama", "relay", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", *suites, "--quick", "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
-    return out, done
+    return done
 
 
 @pytest.mark.timeout(300)
@@ -172,17 +177,7 @@ def test_statistics_helpers() -> None:
 
 @pytest.mark.timeout(120)
 def test_checks_suite_measures_both_paths_and_all_three_ttft_modes(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "checks", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    bench_quick(["checks"], tmp_path, timeout=100)
     result = _strict_json(tmp_path / "checks.json")
     for point in result["cost"]:
         assert _is_stats(point["incremental_ms"]) and _is_stats(point["full_history_ms"])

@@ -20,7 +20,7 @@ from server_shim.backends import SimulatedBackend
 from server_shim.checks import Finding, runs, side
 from server_shim.errors import APIError
 from server_shim.items import Item
-from server_shim.policies import ContentPolicy, Secrets
+from server_shim.policies import ContentPolicy, Guard, Secrets
 from server_shim.redis_store import decode_state, encode_state
 from server_shim.requests import CreateRequest
 from server_shim.state import ConnectionCache, MemoryResponseStore, ResponseState
@@ -60,11 +60,15 @@ class EncodedStore(MemoryResponseStore):
         await super().save(decode_state(encode_state(state)))
 
 
+GUARD = SimulatedBackend(guard={"S1": ["attack"], "S2": ["weapon"]})
+
+
 def checks() -> list[Any]:
     return [
         Secrets(action="redact"),
         ContentPolicy("fruit", words=["banana"], action="flag"),
         ContentPolicy("policy", words=["forbidden"], action="block"),
+        Guard(backend=GUARD, model="guard", action="flag"),
         RiskScore(),
     ]
 
@@ -78,6 +82,7 @@ TEXTS = [
     "card 4111 1111 1111 1111 please",
     "a forbidden topic",
     "risky risky",
+    "an attack with a weapon",
 ]
 
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx2
 import pytest
 from openai import AsyncOpenAI
 
@@ -19,6 +20,7 @@ from server_shim.errors import APIError
 
 MODEL = "simulated-1"
 CHECK_S = 0.15
+NEEDLE = 'responses_ws_plugin_seconds_count{kind="check_beside_inference"}'
 
 
 class RecordingBackend:
@@ -77,6 +79,17 @@ class SlowPolicy:
         return state + 1, Finding(labels={"slow_policy.turns": str(state + 1)}, refusal=refusal)
 
 
+async def _metrics_once_recorded(server: BackgroundServer, needle: str) -> str:
+    """/metrics once the turn is recorded (that happens just after its last event is sent)."""
+    async with httpx2.AsyncClient() as http:
+        for _ in range(50):
+            scraped = (await http.get(server.base_url.removesuffix("/v1") + "/metrics")).text
+            if needle in scraped:
+                break
+            await asyncio.sleep(0.05)
+    return scraped
+
+
 def serve(overlap: bool) -> tuple[BackgroundServer, RecordingBackend, SlowPolicy]:
     backend, policy = RecordingBackend(), SlowPolicy()
     settings = Settings(checks_overlap=overlap)
@@ -101,10 +114,14 @@ async def test_overlapped_check_starts_with_inference_and_holds_the_first_token(
     with server:
         async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client, client.responses.connect() as conn:
             events, first_delta = await turn(conn, "hello", None)
+        scraped = await _metrics_once_recorded(
+            server, 'responses_ws_plugin_seconds_count{kind="check_beside_inference"}'
+        )
     assert events[-1].type == "response.completed"
     assert events[-1].response.metadata == {"check.slow_policy.turns": "1"}
     assert backend.started[0] < policy.finished[0], "the backend request starts before the check ends"
     assert first_delta is not None and first_delta >= policy.finished[0], "no output before the check passed"
+    assert NEEDLE in scraped, "the time checks ran beside inference is a metric"
 
 
 async def test_a_block_cancels_inference_sends_response_failed_and_keeps_the_connection():
