@@ -37,7 +37,10 @@ ENCODING_VERSION = 2
 v1 (a JSON object): the whole rendered history inline, as `messages`. v2: a header line
 `2<TAB>history key<TAB>message count`, then the same JSON without `messages`: the history is a
 Redis list shared by the turns of one conversation, each turn appending only its own messages,
-so a conversation of N turns holds O(total bytes) in Redis, not O(N^2)."""
+so a conversation of N turns holds O(total bytes) in Redis, not O(N^2). Optional fields added
+without a bump, absent from older entries: `checks` (each stateful check's state; a chain read
+without it restarts its checks from their initial state on the new items) and `tokens` (the
+tokenizer's count through the response's input; without it the prefix is counted once)."""
 
 _SAVE = r"""
 -- KEYS: entry, history list. ARGV: entry bytes, ttl ms, the list length it must have (-1: start it anew), fragments...
