@@ -57,7 +57,7 @@ class EncodedStore(MemoryResponseStore):
     """The memory store keeping what the Redis store keeps: each state through its stored encoding."""
 
     async def save(self, state: ResponseState) -> None:
-        await super().save(decode_state(encode_state(state)))
+        await super().save(decode_state(encode_state(state, "history"), list(state.prompt.fragments)))
 
 
 GUARD = SimulatedBackend(guard={"S1": ["attack"], "S2": ["weapon"]})
