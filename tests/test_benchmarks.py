@@ -197,3 +197,19 @@ def test_a_quick_run_is_judged_against_quick_run_targets(
         assert any(name.startswith("quick run:") for name in names), names
         assert not any("1/5 of stateless HTTP" in name or ">= 40% faster" in name for name in names), names
     assert "quick run:" in done.stdout
+
+
+def test_replicas_results_are_well_formed(tmp_path: Path) -> None:
+    bench_quick(["replicas"], tmp_path, timeout=180)
+    result = _strict_json(tmp_path / "replicas.json")
+    _check_targets(result)
+    rounds = {(r["workers"], r["store"]): r for r in result["rounds"]}
+    assert set(rounds) == {(1, "memory"), (2, "memory"), (1, "redis"), (2, "redis")}
+    for r in rounds.values():
+        for load in r["load"]:
+            assert load["turns"] == load["clients"] * load["turns_per_client"]
+            assert _is_stats(load["latency_ms"]) and load["latency_ms"]["n"] == load["turns"]
+    for store in ("memory", "redis"):
+        cost = rounds[(1, store)]["store_cost"]
+        assert _is_stats(cost["stored"]) and _is_stats(cost["not_stored"])
+        assert cost["stored"]["n"] == cost["not_stored"]["n"] == result["config"]["sequential_turns"]
