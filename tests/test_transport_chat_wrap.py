@@ -190,10 +190,11 @@ def test_a_call_without_a_faithful_translation_goes_over_http_unchanged_and_says
     assert stats.chat_turns == 0
 
 
-def test_without_the_option_chat_calls_stay_on_http(chat_server: ChatServer, shim: BackgroundServer) -> None:
+def test_with_the_option_off_chat_calls_stay_on_http(chat_server: ChatServer, shim: BackgroundServer) -> None:
     chat_server.enqueue(text_reply("plain"))
     websocket_url = shim.base_url.replace("http://", "ws://") + "/responses"
-    client = ws_transport.wrap(OpenAI(base_url=chat_server.base_url, api_key="k"), websocket_url=websocket_url)
+    plain = OpenAI(base_url=chat_server.base_url, api_key="k")
+    client = ws_transport.wrap(plain, websocket_url=websocket_url, chat_completions=False)
     with client:
         client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
         assert ws_transport.session_of(client).stats.turns == 0

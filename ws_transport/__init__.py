@@ -6,7 +6,7 @@
 
 `wrap()` keeps the client's API: `responses.create`/`responses.stream` run over one persistent
 WebSocket session and send `previous_response_id` plus only the new items whenever the history
-allows; with `wrap(client, chat_completions=True)`, `chat.completions.create` does too (translated
+allows; `chat.completions.create` does too unless `wrap(client, chat_completions=False)` (translated
 to `response.create`, answered as `ChatCompletion` / chunks); every other endpoint stays on HTTP.
 For a client built elsewhere, pass
 `httpx2.Client(transport=WebSocketTransport())` (or the async one; `httpx.Client` for an openai

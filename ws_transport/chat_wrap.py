@@ -1,4 +1,4 @@
-"""`chat.completions.create` over the session: `wrap(client, chat_completions=True)`.
+"""`chat.completions.create` over the session: `wrap(client)` (unless `chat_completions=False`).
 
 The wrapped method translates the call (`chat_completions.py`), splits its messages against the
 answered turns, and posts a prepared turn to `/chat/completions` through the SDK's own request

@@ -72,8 +72,9 @@ class SessionOptions:
     """Observer: each server event of a turn, before the caller sees it. Observer errors are logged."""
     clock: Callable[[], float] = time.monotonic
     """Seconds from any fixed point; what `max_connection_age_s` is measured with (tests pass their own)."""
-    chat_completions: bool = False
-    """Send `chat.completions.create` calls over the session too (translated to `response.create`)."""
+    chat_completions: bool = True
+    """Send `chat.completions.create` calls over the session too (translated to `response.create`);
+    False leaves them on HTTP."""
 
 
 @dataclass
