@@ -19,8 +19,12 @@ from .ledger import UsageRecord
 COLUMNS = [f.name for f in fields(UsageRecord)]
 STREAM = "responses-ws:usage"
 SEEN_PREFIX = "responses-ws:usage:seen:"
-SEEN_TTL_S = 30 * 86400
-"""How long a record id is remembered for deduplication: longer than any journal waits for replay."""
+SEEN_TTL_S = 2 * 86400
+"""How long a record id is remembered for deduplication (one small key per record, so not forever).
+
+A record is written twice only by a retried batch or a replayed journal, both within seconds or
+at the next start of a crashed server; a journal replayed more than two days after its crash
+could count the few records flushed in the instant before the crash twice."""
 
 _ADD_ONCE = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
