@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -42,6 +42,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import checks
 
         return checks.run, checks.table
+    if name == "load":
+        from . import load
+
+        return load.run, load.table
     if name == "litellm":
         from . import peer_litellm
 
@@ -60,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
     parser.add_argument("--repeats", type=int, help="override each suite's repeat count")
     parser.add_argument("--turns", type=int, help="override the turn count of the overhead, agent and litellm suites")
+    parser.add_argument(
+        "--clients",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="load: the concurrent client counts to run, e.g. 50,200 (default 50,200,500,1000)",
+    )
     parser.add_argument(
         "--no-install",
         action="store_true",
@@ -86,10 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"quick": args.quick}
         if args.repeats:
             kwargs["repeats"] = args.repeats
-        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm"):
+        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm", "load"):
             kwargs["turns"] = args.turns
         if name == "litellm":
             kwargs["install"] = not args.no_install
+        if name == "load" and args.clients:
+            kwargs["clients"] = args.clients
         start = time.perf_counter()
         progress(f"=== {name} ===")
         try:

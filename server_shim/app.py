@@ -33,6 +33,7 @@ from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys
 from .tokens import counters_by_model
+from .trim import Trimmer
 from .turn import Classifier, Turn, TurnEnv, Validator
 from .ws import CLOSE_GOING_AWAY, ResponsesConnection
 
@@ -65,6 +66,7 @@ class ShimState:
     limiter: TenantLimiter = field(default_factory=TenantLimiter)
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the admission decisions (tests pass their own)."""
+    trimmer: Trimmer = field(default_factory=Trimmer)
 
     def record_turn(self, turn: Turn) -> None:
         self.stats.turns += 1
@@ -137,6 +139,7 @@ def create_app(
             await _serve_connection(websocket)
         finally:
             shim.gate.connection_closed()
+            shim.trimmer.maybe_trim()
 
     async def _serve_connection(websocket: WebSocket) -> None:
         connection = ResponsesConnection(websocket, shim)

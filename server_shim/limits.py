@@ -37,7 +37,16 @@ DEFAULT_LIMITS = RequestLimits()
 
 
 def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
-    """Refuse a decoded request body that crosses a limit; the error names the field."""
+    """Refuse a decoded request body that crosses a limit; the error names the field.
+
+    Counts first (cheap), then the nesting walk (it visits every container once).
+    """
+    items = body.get("input")
+    if isinstance(items, list) and len(items) > limits.max_input_items:
+        raise _too_many_items(len(items), limits)
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise _too_many_tools(len(tools), limits)
     for key, value in body.items():
         if deeper_than(value, limits.max_json_depth - 1):
             raise invalid(
@@ -45,22 +54,26 @@ def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
                 f"Invalid value for '{key}': JSON nested deeper than {limits.max_json_depth} levels.",
                 key,
             )
-    items = body.get("input")
     if isinstance(items, list):
-        _check_items(items, limits)
-    tools = body.get("tools")
+        _check_references(items, limits)
     if isinstance(tools, list):
-        _check_tools(tools, limits)
+        _check_tool_schemas(tools, limits)
 
 
-def _check_items(items: list[Any], limits: RequestLimits) -> None:
-    if len(items) > limits.max_input_items:
-        raise APIError(
-            400,
-            "too_many_input_items",
-            f"'input' has {len(items)} items; at most {limits.max_input_items} are allowed per request.",
-            "input",
-        )
+def _too_many_items(count: int, limits: RequestLimits) -> APIError:
+    return APIError(
+        400,
+        "too_many_input_items",
+        f"'input' has {count} items; at most {limits.max_input_items} are allowed per request.",
+        "input",
+    )
+
+
+def _too_many_tools(count: int, limits: RequestLimits) -> APIError:
+    return APIError(400, "too_many_tools", f"{count} tools given; at most {limits.max_tools} are allowed.", "tools")
+
+
+def _check_references(items: list[Any], limits: RequestLimits) -> None:
     references = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "item_reference")
     if references > limits.max_item_references:
         raise APIError(
@@ -71,11 +84,7 @@ def _check_items(items: list[Any], limits: RequestLimits) -> None:
         )
 
 
-def _check_tools(tools: list[Any], limits: RequestLimits) -> None:
-    if len(tools) > limits.max_tools:
-        raise APIError(
-            400, "too_many_tools", f"{len(tools)} tools given; at most {limits.max_tools} are allowed.", "tools"
-        )
+def _check_tool_schemas(tools: list[Any], limits: RequestLimits) -> None:
     for index, tool in enumerate(tools):
         schema = tool.get("parameters") if isinstance(tool, dict) else None
         if deeper_than(schema, limits.max_tool_schema_depth):

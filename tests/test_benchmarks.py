@@ -213,3 +213,18 @@ def test_replicas_results_are_well_formed(tmp_path: Path) -> None:
         cost = rounds[(1, store)]["store_cost"]
         assert _is_stats(cost["stored"]) and _is_stats(cost["not_stored"])
         assert cost["stored"]["n"] == cost["not_stored"]["n"] == result["config"]["sequential_turns"]
+
+
+@pytest.mark.timeout(120)
+def test_load_suite_runs_every_level_without_errors_and_reports_rss_and_the_big_frame_cost(tmp_path: Path) -> None:
+    bench_quick(["load"], tmp_path, timeout=100)
+    result = _strict_json(tmp_path / "load.json")
+    assert [lvl["clients"] for lvl in result["levels"]] == [5, 20]
+    for lvl in result["levels"]:
+        assert lvl["errors"] == 0 and lvl["turns"] == lvl["clients"] * lvl["turns_per_client"]
+        assert lvl["turns_per_s"] > 0 and lvl["latency_p99_ms"] >= lvl["latency_p50_ms"] > 0
+        assert lvl["rss_peak_bytes"] >= lvl["rss_idle_bytes"] > 0 and lvl["rss_after_bytes"] > 0
+    big = result["big_frame"]
+    assert big["frame_bytes"]["text_3mb"] > 3_000_000 and big["frame_bytes"]["items_60k"] > 2_000_000
+    for key in ("alone", "beside_text_3mb", "beside_items_60k", "beside_items_5k"):
+        assert big[key]["turns"] > 0 and big[key]["p99_ms"] >= big[key]["p50_ms"]

@@ -1,0 +1,256 @@
+"""Suite `load`: many concurrent WebSocket clients, each a chain of turns, against one shim process.
+
+The shim runs in a child process (`responses-ws serve`, simulated backend, no pacing), a fresh
+one per level so each level's RSS is its own. At each level, N clients open their connection
+first; then all run T chained turns at once (`previous_response_id`, `store: false`, 4 output
+tokens), each turn timed from its send to its `response.completed`. Clients are lean (raw
+`websockets`, events told apart by prefix, only the terminal event parsed).
+
+Reported per level: turns/s (turns / wall time of the turn phase), turn latency p50/p99, errors
+(error events, failed responses, refused or dropped connections: must be 0), and the server's
+VmRSS idle (before the clients), at peak (sampled every 50 ms) and 2 s after every client left.
+
+A second part, `big_frame`, measures what large frames cost the other connections: connection B
+runs back-to-back small turns while connection A sends, one after the other, (a) a 3 MB frame of
+one long text input, (b) a 3 MB frame of 60,000 tiny items (refused: over `max_input_items`), (c)
+the largest item count accepted (5,000 tiny items). B's turn latency p50/p99/max beside each,
+and alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from .common import (
+    Subprocess,
+    bounded,
+    clean_floats,
+    free_port,
+    machine_info,
+    percentile,
+    perf,
+    progress,
+    raise_fd_limit,
+    rss_bytes,
+    shim_command,
+)
+from .report import fmt, format_table
+
+MODEL = "simulated-1"
+LEVELS = (50, 200, 500, 1000)
+TURNS = 20
+COMPLETED = b'{"type":"response.completed"'
+FAILED = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.incomplete"')
+
+
+async def _open(url: str) -> ClientConnection:
+    return await connect(url, max_size=None, compression=None, open_timeout=60, ping_interval=None)
+
+
+async def _turn(ws: ClientConnection, text: str, previous: str | None, tokens: int = 4) -> tuple[str | None, float]:
+    """One turn: (the response id, or None if it failed; seconds from send to its terminal event)."""
+    body = {"type": "response.create", "model": MODEL, "input": text, "store": False, "max_output_tokens": tokens}
+    if previous:
+        body["previous_response_id"] = previous
+    start = perf()
+    await ws.send(orjson.dumps(body), text=True)
+    while True:
+        raw = await ws.recv(decode=False)
+        if raw.startswith(COMPLETED):
+            return orjson.loads(raw)["response"]["id"], perf() - start
+        if raw.startswith(FAILED):
+            return None, perf() - start
+
+
+async def _client(ws: ClientConnection, turns: int, latencies: list[float], start: asyncio.Event) -> int:
+    """A chain of `turns` turns; returns the errors it met."""
+    await start.wait()
+    previous = None
+    errors = 0
+    for n in range(turns):
+        response_id, seconds = await _turn(ws, f"Turn {n}: what next?", previous)
+        latencies.append(seconds)
+        if response_id is None:
+            errors += 1
+        previous = response_id
+    return errors
+
+
+async def _sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            peak[0] = max(peak[0], rss_bytes(pid))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+
+
+async def level(out_dir: Path, clients: int, turns: int) -> dict[str, Any]:
+    raise_fd_limit(2 * clients + 512)
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+    log = out_dir / "logs" / f"load-{clients}.log"
+    with Subprocess(shim_command(port), ready_url=f"http://127.0.0.1:{port}/healthz", log_path=log) as server:
+        warm = await _open(url)
+        for n in range(3):
+            await _turn(warm, f"warm {n}", None)
+        await warm.close()
+        await asyncio.sleep(0.5)
+        idle = rss_bytes(server.pid)
+        progress(f"load: {clients} clients x {turns} turns (idle RSS {idle / 2**20:.0f} MB)")
+        opened = await bounded(
+            asyncio.gather(*(_open(url) for _ in range(clients)), return_exceptions=True), 120, "connecting"
+        )
+        sockets = [ws for ws in opened if isinstance(ws, ClientConnection)]
+        refused = len(opened) - len(sockets)
+        latencies: list[float] = []
+        start, stop, peak = asyncio.Event(), asyncio.Event(), [idle]
+        sampler = asyncio.create_task(_sample_rss(server.pid, peak, stop))
+        runs = [asyncio.create_task(_client(ws, turns, latencies, start)) for ws in sockets]
+        began = perf()
+        start.set()
+        outcomes = await bounded(asyncio.gather(*runs, return_exceptions=True), 600, "the turn phase")
+        wall = perf() - began
+        errors = refused + sum(o if isinstance(o, int) else 1 for o in outcomes)
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+        await asyncio.sleep(2.0)
+        stop.set()
+        await sampler
+        after = rss_bytes(server.pid)
+    return {
+        "clients": clients,
+        "turns_per_client": turns,
+        "turns": len(latencies),
+        "wall_s": wall,
+        "turns_per_s": len(latencies) / wall if wall > 0 else None,
+        "latency_p50_ms": percentile(latencies, 50) * 1000 if latencies else None,
+        "latency_p99_ms": percentile(latencies, 99) * 1000 if latencies else None,
+        "errors": errors,
+        "rss_idle_bytes": idle,
+        "rss_peak_bytes": peak[0],
+        "rss_after_bytes": after,
+        "rss_after_over_idle": after / idle if idle else None,
+    }
+
+
+async def _small_turns(ws: ClientConnection, seconds: float) -> list[float]:
+    latencies = []
+    deadline = perf() + seconds
+    while perf() < deadline:
+        _, elapsed = await _turn(ws, "small", None, tokens=1)
+        latencies.append(elapsed)
+    return latencies
+
+
+async def big_frame(out_dir: Path, frames: int, seconds: float) -> dict[str, Any]:
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+
+    def frame(value: Any) -> bytes:
+        return orjson.dumps(
+            {"type": "response.create", "model": MODEL, "input": value, "store": False, "max_output_tokens": 1}
+        )
+
+    def items(count: int) -> list[dict[str, str]]:
+        return [{"type": "message", "role": "user", "content": f"item {n}"} for n in range(count)]
+
+    kinds = {"text_3mb": frame("x" * 3_000_000), "items_60k": frame(items(60_000)), "items_5k": frame(items(5_000))}
+    log = out_dir / "logs" / "load-big-frame.log"
+    result: dict[str, Any] = {"frame_bytes": {name: len(data) for name, data in kinds.items()}}
+    with Subprocess(shim_command(port), ready_url=f"http://127.0.0.1:{port}/healthz", log_path=log):
+        async with await _open(url) as b, await _open(url) as a:
+            await _small_turns(b, 0.5)
+            result["alone"] = _stats(await _small_turns(b, seconds))
+            for name, data in kinds.items():
+
+                async def sender(data: bytes = data) -> None:
+                    for _ in range(frames):
+                        await a.send(data, text=True)
+                        while not (await a.recv(decode=False)).startswith((COMPLETED, *FAILED)):
+                            pass
+
+                sending = asyncio.create_task(sender())
+                result[f"beside_{name}"] = _stats(await _small_turns(b, seconds))
+                await bounded(sending, 120, "the big frames")
+    return result
+
+
+def _stats(latencies: list[float]) -> dict[str, Any]:
+    return {
+        "turns": len(latencies),
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
+        "max_ms": max(latencies) * 1000,
+    }
+
+
+def run(
+    out_dir: Path,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    clients: list[int] | None = None,
+    turns: int | None = None,
+) -> dict[str, Any]:
+    """Every level (or those in `clients`, then without the big-frame part), `turns` chained turns per client."""
+    levels = clients or ([5, 20] if quick else list(LEVELS))
+    turns = turns or (3 if quick else TURNS)
+    result: dict[str, Any] = {"suite": "load", "machine": machine_info(), "levels": []}
+
+    async def all_levels() -> None:
+        for n in levels:
+            result["levels"].append(await level(out_dir, n, turns))
+        if clients is None:
+            result["big_frame"] = await big_frame(out_dir, frames=2 if quick else 5, seconds=1.0 if quick else 3.0)
+
+    asyncio.run(all_levels())
+    result["config"] = {
+        "quick": quick,
+        "levels": levels,
+        "turns_per_client": turns,
+        "server": "responses-ws serve in a child process, simulated backend, no pacing, 4 output tokens a turn",
+        "turn": "chained with previous_response_id, store false; latency from send to response.completed",
+    }
+    result["targets"] = [
+        {
+            "target": f"no errors at {lvl['clients']} clients",
+            "measured": lvl["errors"],
+            "op": "<=",
+            "threshold": 0,
+            "met": lvl["errors"] == 0,
+        }
+        for lvl in result["levels"]
+    ]
+    return clean_floats(result)
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [["load: clients", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "RSS idle MB", "peak MB", "after MB"]]
+    for lvl in result["levels"]:
+        rows.append(
+            [
+                lvl["clients"],
+                lvl["turns"],
+                fmt(lvl["turns_per_s"], 0),
+                fmt(lvl["latency_p50_ms"], 1),
+                fmt(lvl["latency_p99_ms"], 1),
+                lvl["errors"],
+                fmt(lvl["rss_idle_bytes"] / 2**20, 0),
+                fmt(lvl["rss_peak_bytes"] / 2**20, 0),
+                fmt(lvl["rss_after_bytes"] / 2**20, 0),
+            ]
+        )
+    big = result.get("big_frame")
+    lines = [format_table(rows)]
+    if big:
+        frame_rows = [["small turns on B", "turns", "p50 ms", "p99 ms", "max ms"]]
+        for key in ("alone", "beside_text_3mb", "beside_items_60k", "beside_items_5k"):
+            s = big[key]
+            frame_rows.append([key, s["turns"], fmt(s["p50_ms"], 1), fmt(s["p99_ms"], 1), fmt(s["max_ms"], 1)])
+        lines.append(format_table(frame_rows))
+    return "\n\n".join(lines)
