@@ -277,9 +277,16 @@ async def test_close_after_events_were_streamed_raises_a_connection_error_and_re
     server, _ = start(middleware=(CloseOnce, {"code": 1011, "trigger": "response.output_text.delta"}))
     async with async_client(server) as client:
         stream = await client.responses.create(model=MODEL, input="hello", stream=True)
-        with pytest.raises(DROPPED_STREAM):
+        with pytest.raises(DROPPED_STREAM) as caught:
             async for _ in stream:
                 pass
+        causes = []
+        cause: BaseException | None = caught.value
+        while cause is not None:
+            causes.append(cause)
+            cause = cause.__cause__
+        lost = [c for c in causes if isinstance(c, ws_transport.ConnectionLost)]
+        assert lost and lost[0].code == 1011, causes
         response = await client.responses.create(model=MODEL, input="hello")
         assert response.status == "completed"
         assert ws_transport.session_of(client).stats.reconnects == 1

@@ -15,6 +15,7 @@ from ws_transport.policy import (
     FrameLimit,
     Open,
     Pool,
+    Replicas,
     SocketState,
     Take,
     TurnAttempts,
@@ -326,3 +327,23 @@ def test_a_finished_turn_leaves_its_lane_clean() -> None:
     assert not turn.clean
     turn.finished()
     assert turn.clean
+
+
+# --- Replicas: where the next socket is opened -----------------------------------------------------
+
+
+def test_a_failed_attempt_moves_to_the_next_replica_and_wraps_around() -> None:
+    replicas = Replicas(["ws://b/responses", "ws://c/responses"])
+    replicas.set_primary("ws://a/responses")
+    seen = []
+    for _ in range(4):
+        seen.append(replicas.current)
+        replicas.failed()
+    assert seen == ["ws://a/responses", "ws://b/responses", "ws://c/responses", "ws://a/responses"]
+
+
+def test_without_failover_urls_every_attempt_goes_to_the_session_url() -> None:
+    replicas = Replicas()
+    replicas.set_primary("ws://a/responses")
+    replicas.failed()
+    assert replicas.current == "ws://a/responses"

@@ -8,7 +8,7 @@ What a caller can meet (all importable from `ws_transport`):
         ├── TurnNotPrepared (RuntimeError)
         │                               a request marked as prepared by another client's `wrap`
         └── ConnectionLost              the socket closed before the response completed; reaches
-                                        the caller as the `__cause__` of `openai.APIConnectionError`
+                                        the caller in the `__cause__` chain of `openai.APIConnectionError`
 
 Each subclasses what a caller of the `openai` SDK already catches: `openai.OpenAIError`, and
 `RuntimeError` where plain HTTP raises that (a closed httpx client). The SDK passes its own

@@ -22,10 +22,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .headers import Credentials
 from .options import FALLBACK_STATUSES, ReconnectPolicy
 
 Clock = Callable[[], float]
-Credentials = tuple[tuple[str, str], ...]
 
 MESSAGE_TOO_BIG = 1009
 RESEND_CODES = frozenset({"previous_response_not_found", "websocket_connection_limit_reached", "server_shutting_down"})
@@ -242,6 +242,29 @@ class Dialer:
             self.reason = f"could not open a WebSocket after {self.attempts} attempts ({error})"
             return Verdict.FALL_BACK
         return verdict
+
+
+@dataclass
+class Replicas:
+    """Where sockets are opened: the session's own URL first, then the failover replicas, in turn.
+
+    A failed connection attempt moves to the next URL (and back to the first after the last); a
+    socket that opens stays on the URL that worked, so later sockets go there too.
+    """
+
+    urls: list[str] = field(default_factory=list)
+    index: int = 0
+
+    @property
+    def current(self) -> str:
+        return self.urls[self.index]
+
+    def set_primary(self, url: str) -> None:
+        """The session's own URL (known from its first request), ahead of the failover ones."""
+        self.urls.insert(0, url)
+
+    def failed(self) -> None:
+        self.index = (self.index + 1) % len(self.urls)
 
 
 def should_resend(code: str | None, *, chained: bool) -> bool:

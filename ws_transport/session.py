@@ -25,37 +25,26 @@ from .chaining import Chain, ChainBook
 from .chat_completions import ChatBook
 from .connection import Connection
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP, error_code
+from .headers import Credentials, Headers, credentials_of, upgrade_headers, websocket_url
 from .options import SessionOptions, SessionStats
-from .policy import DRAIN_CODES, Credentials, Dialer, FrameLimit, Open, Pool, Socket, TurnAttempts, Verdict, Wait
-from .turn import TICKET_HEADER, TurnRequest
+from .policy import (
+    DRAIN_CODES,
+    Dialer,
+    FrameLimit,
+    Open,
+    Pool,
+    Replicas,
+    Socket,
+    TurnAttempts,
+    Verdict,
+    Wait,
+)
+from .turn import TurnRequest
 
 log = logging.getLogger("ws_transport")
 
 COMPLETED = frozenset({"response.completed", "response.incomplete"})
 FAILED = "response.failed"
-DROP_HEADERS = frozenset(
-    {
-        "host",
-        "content-length",
-        "content-type",
-        "accept",
-        "accept-encoding",
-        "connection",
-        "transfer-encoding",
-        "user-agent",
-        "idempotency-key",
-        TICKET_HEADER,
-        "x-stainless-raw-response",
-        "x-stainless-retry-count",
-        "x-stainless-read-timeout",
-        "x-stainless-timeout",
-    }
-)
-"""Request headers that describe one HTTP exchange; the rest (auth, org, project, beta, custom) go on the upgrade."""
-CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "openai-organization", "openai-project"})
-"""Headers that say who a request speaks for (`api-key` is Azure's)."""
-
-Headers = list[tuple[str, str]]
 
 
 class Session:
@@ -73,11 +62,10 @@ class Session:
         self.tickets: dict[str, TurnRequest] = {}
         self.url: str | None = None
         """The `/responses` WebSocket URL of the client's base URL: which requests ride the session."""
-        self.dial_urls: list[str] = [
-            websocket_url(httpx2.URL(base.rstrip("/") + "/responses")) for base in self.options.failover_base_urls
-        ]
-        """Where sockets are opened, the session's own URL first (set by `bind`), then the failover replicas."""
-        self._dial_index = 0
+        self.replicas = Replicas(
+            [websocket_url(httpx2.URL(base.rstrip("/") + "/responses")) for base in self.options.failover_base_urls]
+        )
+        """Where sockets are opened: the session's own URL first (set by `bind`), then the failover replicas."""
         self.user_agent: str | None = None
         self.http_only = False
         self.frame_limit = FrameLimit()
@@ -103,11 +91,11 @@ class Session:
         url = self.options.websocket_url or websocket_url(endpoint or request.url)
         if self.url is None:
             self.url = url
-            self.dial_urls.insert(0, url)
+            self.replicas.set_primary(url)
         elif url != self.url:
             return None
         self.user_agent = request.headers.get("user-agent")
-        return [(k, v) for k, v in request.headers.multi_items() if k.lower() not in DROP_HEADERS]
+        return upgrade_headers(request)
 
     async def events(
         self, turn: TurnRequest, *, transparent: bool, read_timeout: float | None = None
@@ -278,7 +266,7 @@ class Session:
         record = self.pool.opened(credentials)
         if replacing:
             self.stats.reconnects += 1
-        log.debug("ws_transport: opened socket #%d to %s", record.generation, self.dial_urls[self._dial_index])
+        log.debug("ws_transport: opened socket #%d to %s", record.generation, self.replicas.current)
         conn = self._connections[record] = Connection(socket, record, lanes=self.options.lanes)
         conn.start(self)
         self._notify()
@@ -334,7 +322,7 @@ class Session:
             except (OSError, TimeoutError, InvalidHandshake) as exc:
                 verdict = dialer.failed(None, str(exc))
             log.debug("ws_transport: connection attempt %d failed: %s", dialer.attempts, dialer.reason)
-            self._dial_index = (self._dial_index + 1) % len(self.dial_urls)  # the next replica, if any
+            self.replicas.failed()  # the next replica, if any
             if verdict is Verdict.FALL_BACK:
                 break
         self._fall_back(dialer.reason)
@@ -343,7 +331,7 @@ class Session:
         assert self.url is not None
         options: dict[str, Any] = {"max_size": None, "compression": None, "open_timeout": self.options.open_timeout_s}
         options.update(self.options.connect_options)
-        return await _sdk.connect_websocket(self.dial_urls[self._dial_index], headers, self.user_agent, **options)
+        return await _sdk.connect_websocket(self.replicas.current, headers, self.user_agent, **options)
 
     def _fall_back(self, reason: str) -> NoReturn:
         if not self.http_only:
@@ -390,12 +378,3 @@ def _observe(observer: Callable[[dict[str, Any]], None], payload: dict[str, Any]
         observer(payload)
     except Exception:
         log.exception("ws_transport: observer %r failed", observer)
-
-
-def credentials_of(headers: Headers) -> Credentials:
-    """What decides who a socket speaks for: a turn rides only a socket upgraded with the same."""
-    return tuple(sorted((k.lower(), v) for k, v in headers if k.lower() in CREDENTIAL_HEADERS))
-
-
-def websocket_url(url: httpx2.URL) -> str:
-    return str(url.copy_with(scheme={"http": "ws", "https": "wss"}.get(url.scheme, url.scheme)))
