@@ -97,7 +97,8 @@ class Journal:
     def retire(segment: tuple[int, Path]) -> None:
         fd, path = segment
         path.unlink(missing_ok=True)
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def close(self) -> None:
         self.retire((self._fd, self._path))
@@ -157,7 +158,10 @@ class Ledger:
     def accept(self, record: UsageRecord) -> None:
         """Durable once this returns (the journal line is in the kernel); the ledger write comes later."""
         assert self.journal is not None and self._wake is not None, "Ledger.start() was not awaited"
-        self.journal.append(record)
+        try:
+            self.journal.append(record)
+        except OSError as exc:  # a full disk must not fail the client's turn: the record is still queued
+            log.error("usage ledger: journal write failed (%s); %s is only in memory until written", exc, record.id)
         self._queue.append(record)
         if len(self._queue) >= self.batch:
             self._wake.set()

@@ -84,6 +84,18 @@ async def test_the_ledger_replays_what_a_dead_process_left_in_its_journal(tmp_pa
     assert list(journal_dir.glob("*.jsonl")) == []
 
 
+async def test_a_journal_that_cannot_be_written_does_not_fail_the_turn_and_the_record_is_still_written(tmp_path):
+    ledger = Ledger(SqliteSink(tmp_path / "usage.db"), tmp_path / "journal", flush_interval_s=60)
+    await ledger.start()
+    assert ledger.journal is not None
+    read_only = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(read_only, ledger.journal._fd)  # every write to the journal now fails, as on a full disk
+    os.close(read_only)
+    ledger.accept(record("resp_unjournaled"))
+    await ledger.aclose()
+    assert [r.id for r in SqliteSink(tmp_path / "usage.db").read()] == ["resp_unjournaled"]
+
+
 async def test_a_live_journal_is_never_replayed_by_another_ledger(tmp_path):
     journal = Journal(tmp_path / "journal")
     journal.append(record("resp_mine"))
