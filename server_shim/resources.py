@@ -26,6 +26,7 @@ from .http import error_response, json_response, stored_response
 from .render import encode
 from .requests import parse_create
 from .tenants import scope_tenant
+from .tokens import whole_prompt_tokens
 from .turn import Turn
 
 if TYPE_CHECKING:
@@ -47,11 +48,15 @@ async def cancel_response(request: Request) -> Response:
 
 
 async def count_input_tokens(request: Request) -> Response:
-    """`POST /v1/responses/input_tokens`: the conversation rendered as the backend would get it, estimated."""
+    """`POST /v1/responses/input_tokens`: the conversation as the backend would get it, counted by the
+    deployment's tokenizer when one is configured (`tokens.py`), estimated otherwise."""
     turn = await _prepared(request)
     if isinstance(turn, APIError):
         return error_response(turn)
-    return json_response({"object": "response.input_tokens", "input_tokens": _input_tokens(turn)})
+    shim: ShimState = request.app.state.shim
+    counter = shim.env.token_counter(turn.request.model)
+    tokens = await whole_prompt_tokens(counter, turn.prompt.messages, turn.request.instructions) if counter else None
+    return json_response({"object": "response.input_tokens", "input_tokens": tokens or _input_tokens(turn)})
 
 
 async def compact_response(request: Request) -> Response:

@@ -215,3 +215,15 @@ def counters_by_model(deployments: Sequence[DeploymentConfig]) -> dict[str, Toke
                     deployment.tokenizer, root, model=model, per_message=deployment.template_tokens_per_message
                 )
     return counters
+
+
+async def whole_prompt_tokens(
+    counter: TokenCounter, messages: Sequence[Message], instructions: str | None
+) -> int | None:
+    """A whole conversation counted at once (the `input_tokens` route); None when the tokenizer fails."""
+    try:
+        counted = await turn_tokens(counter, None, list, (), messages, instructions)
+    except BackendError as exc:
+        log.warning("token count failed, estimating instead: %s", exc)
+        return None
+    return counted.input_tokens

@@ -19,6 +19,7 @@ MODEL = "simulated-1"
 CONFIG = """
 [server]
 drain_timeout_s = 2
+usage_ledger = "off"
 
 [[deployments]]
 name = "main"

@@ -48,8 +48,9 @@ async def async_labels(new_items: list[dict[str, Any]]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BackgroundServer]:
-    app = create_app(Settings(), validators=[async_refuses, async_crashes, sync_crashes], classifiers=[async_labels])
-    with BackgroundServer(app, Settings()) as running:
+    settings = Settings(usage_ledger="off")  # the usage ledger is not under test here
+    app = create_app(settings, validators=[async_refuses, async_crashes, sync_crashes], classifiers=[async_labels])
+    with BackgroundServer(app, settings) as running:
         yield running
 
 

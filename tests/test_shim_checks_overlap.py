@@ -92,7 +92,7 @@ async def _metrics_once_recorded(server: BackgroundServer, needle: str) -> str:
 
 def serve(overlap: bool) -> tuple[BackgroundServer, RecordingBackend, SlowPolicy]:
     backend, policy = RecordingBackend(), SlowPolicy()
-    settings = Settings(checks_overlap=overlap)
+    settings = Settings(checks_overlap=overlap, usage_ledger="off")
     return BackgroundServer(create_app(settings, backend=backend, checks=[policy]), settings), backend, policy
 
 

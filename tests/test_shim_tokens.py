@@ -129,3 +129,5 @@ async def test_usage_is_counted_with_llama_cpp_tokenizer_turn_by_turn(llama: Any
                 assert usage.input_tokens_details.cached_tokens == history_tokens
                 history_tokens = usage.input_tokens + tokens(llama, event.response.output_text)
                 previous = event.response.id
+            counted = await client.responses.input_tokens.count(model=alias, input=texts[0])
+            assert counted.input_tokens == tokens(llama, texts[0]), "the input_tokens route uses the tokenizer too"
