@@ -1,14 +1,15 @@
-"""A README that runs: every `python` and `bash` block of README.md and docs/**/*.md is executed.
+"""A README that runs: every `python`, `bash` and `console` block of README.md and docs/**/*.md is executed.
 
 How the blocks run (in document order, against servers this module starts on loopback):
 
 - `python`: the block is the whole program, run with this interpreter, working directory the
   repository root; it must exit 0 within its time limit.
+- `console`: the first line is `$ <command>` and the rest its standard output, which must match.
 - `bash`: each command line runs with bash from the repository root and must exit 0. A
   `responses-ws serve` line is a server: it must answer `/healthz`, then stop cleanly on SIGINT
   with no traceback (its port comes from `RESPONSES_WS_PORT`, which the defaults and the config
   files yield to; flags would not).
-- The addresses the README uses are the ones this module's servers listen on: `127.0.0.1:8787` is
+- The addresses the README's programs use are the ones this module's servers listen on: `127.0.0.1:8787` is
   replaced by a shim started here (`serve --api-key sk-local`, the simulated backend) and
   `127.0.0.1:6379` by a `redis-server` started here; nothing else in a block is changed.
 - A block whose info string carries `{norun: <reason>}` is not run; the reason must be given, and
@@ -36,7 +37,7 @@ from support.chat_server import closed_port
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
-RUNNABLE = {"python", "bash"}
+RUNNABLE = {"python", "bash", "console"}
 NOT_RUN = {  # blocks marked {norun: ...}, by their first line: each is a command that cannot run inside the suite
     "python3 -m venv .venv && . .venv/bin/activate && pip install . && responses-ws demo",
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev,llama]' && pytest -q",
@@ -115,6 +116,15 @@ def test_every_block_that_does_not_run_says_why_and_is_known():
 @pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
 def test_readme_block_runs(block: Block, shim: dict[str, str]) -> None:
     code = block.code.replace("127.0.0.1:8787", shim["_README_SHIM"]).replace("127.0.0.1:6379", shim["_README_REDIS"])
+    if block.language == "console":  # run as written: the output names the addresses the command prints
+        command, _, expected = block.code.partition("\n")
+        assert command.startswith("$ "), f"{block.name}: a console block starts with '$ <command>'"
+        result = subprocess.run(
+            ["bash", "-c", command[2:]], cwd=ROOT, env=shim, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+        assert result.returncode == 0, f"{block.name}: {command}\n{result.stderr}"
+        assert result.stdout.strip() == expected.strip(), f"{block.name}: {command}"
+        return
     if block.language == "python":
         result = subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, env=shim, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S
