@@ -83,7 +83,13 @@ TEXTS = [
     "a forbidden topic",
     "risky risky",
     "an attack with a weapon",
+    'call lookup {"n": 1}',
 ]
+LOOKUP = {
+    "type": "function",
+    "name": "lookup",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+}
 
 
 def message(role: str, text: str, parts: bool) -> Item:
@@ -123,17 +129,23 @@ async def check_conversation(steps: list[tuple[int, int, list[Item]]], *, overla
     stateless = TurnEnv(backend=backend, store=MemoryResponseStore(), checks=lambda model: checks())
     cache = ConnectionCache(max_responses=8, max_bytes=1 << 30)  # forks to older responses load from the store
     nodes: list[Node] = []
-    seen = {"completed": 0, "refused": 0, "forks": 0}
+    seen = {"completed": 0, "refused": 0, "forks": 0, "tool_results": 0}
     for pick, fork, new_items in steps:
         parent = None if not nodes else nodes[pick % len(nodes)] if fork == 0 else nodes[-1]
         seen["forks"] += parent is not None and parent is not nodes[-1]
+        calls = [item["call_id"] for item in (parent.history if parent else []) if item["type"] == "function_call"]
+        if calls and parent is not None and parent.history[-1]["type"] == "function_call":
+            result = {"type": "function_call_output", "call_id": calls[-1], "output": TEXTS[pick % len(TEXTS)]}
+            new_items = [result, *new_items] if fork % 2 else [result]
+            seen["tool_results"] += 1
         request = CreateRequest(
-            model=MODEL, input=new_items, previous_response_id=parent and parent.response_id, store=True
+            model=MODEL, input=new_items, previous_response_id=parent and parent.response_id, store=True, tools=[LOOKUP]
         )
         chained_turn = Turn(request, chained, cache)
         incremental = await verdict(chained_turn)
         history = [*(parent.history if parent else []), *new_items]
-        full = await verdict(Turn(CreateRequest(model=MODEL, input=history, store=False), stateless, None))
+        stateless_request = CreateRequest(model=MODEL, input=history, store=False, tools=[LOOKUP])
+        full = await verdict(Turn(stateless_request, stateless, None))
         assert incremental == full, f"turn {len(nodes)}: chained {incremental} vs full history {full}"
         seen[incremental[0]] += 1
         if incremental[0] == "completed":
@@ -163,7 +175,7 @@ def test_the_generated_conversations_exercise_forks_refusals_and_labels():
     """The property is not vacuous: a fixed conversation forks, refuses, redacts and labels."""
     steps = [(i * 7, i % 3, [message("user", TEXTS[i % len(TEXTS)], i % 2 == 0)]) for i in range(100)]
     seen = asyncio.run(check_conversation(steps, overlap=True))
-    assert seen["forks"] > 10 and seen["refused"] > 5 and seen["completed"] > 50
+    assert seen["forks"] > 10 and seen["refused"] > 5 and seen["completed"] > 50 and seen["tool_results"] > 3
 
 
 def test_runs_cut_the_conversation_where_the_model_spoke():
