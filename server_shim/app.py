@@ -219,6 +219,10 @@ def build_ledger(settings: Settings) -> Ledger | None:
     return Ledger(sink, journal, flush_interval_s=settings.usage_flush_interval_s)
 
 
+PROBE_DETAILS = "probe_details"
+"""Scope state: whether `/healthz` and `/readyz` may show deployment names and counts to this caller."""
+
+
 class BearerAuth:
     """Require `Authorization: Bearer <key>` on every route but the probes and `/metrics`; 401 at the upgrade.
 
@@ -232,7 +236,11 @@ class BearerAuth:
         self.keys = [(key.key.encode(), key.tenant) for key in keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.OPEN_PATHS:  # open, but their details only for a valid key
+            scope.setdefault("state", {})[PROBE_DETAILS] = self._tenant(scope) is not None
             await self.app(scope, receive, send)
             return
         tenant = self._tenant(scope)

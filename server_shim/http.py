@@ -267,8 +267,16 @@ async def list_models(request: Request) -> Response:
     return json_response({"object": "list", "data": data})
 
 
+def _probe_details(request: Request) -> bool:
+    """With API keys, the probes answer anyone but name deployments and counts only for a valid key."""
+    state = request.scope.get("state")
+    return not isinstance(state, dict) or state.get("probe_details", True)
+
+
 async def healthz(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
+    if not _probe_details(request):
+        return json_response({"status": "ok"})
     return json_response({"status": "ok", "backend": shim.env.backend.name, "connections": len(shim.connections)})
 
 
@@ -278,6 +286,10 @@ async def readyz(request: Request) -> Response:
     status = getattr(shim.env.backend, "status", None)
     deployments = status() if status else {shim.env.backend.name: {"available": True}}
     ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
+    if not _probe_details(request):
+        return json_response(
+            {"ready": ready and not shim.gate.draining}, 200 if ready and not shim.gate.draining else 503
+        )
     if shim.gate.draining:
         return json_response({"ready": False, "draining": True, "deployments": deployments}, 503)
     # A shared store that is down does not make this replica unready: every replica shares it, and

@@ -204,3 +204,14 @@ async def test_a_non_streaming_http_client_that_leaves_cancels_its_response(make
     while server.shim.limiter.in_flight(None) or server.shim.stats.turns == 0:
         assert time.monotonic() < deadline, "the response ran on after its client left"
         await asyncio.sleep(0.05)
+
+
+async def test_with_api_keys_the_probes_answer_anyone_but_name_deployments_only_for_a_key(make_server):
+    server = make_server(api_keys=["key-a"])
+    root = server.base_url.removesuffix("/v1")
+    async with httpx2.AsyncClient(base_url=root) as http:
+        anonymous = [await http.get(path) for path in ("/healthz", "/readyz")]
+        keyed = [await http.get(path, headers={"Authorization": "Bearer key-a"}) for path in ("/healthz", "/readyz")]
+    assert [r.status_code for r in anonymous] == [200, 200]
+    assert anonymous[0].json() == {"status": "ok"} and anonymous[1].json() == {"ready": True}
+    assert "connections" in keyed[0].json() and "deployments" in keyed[1].json()

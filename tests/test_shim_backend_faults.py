@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 from support.fault_backend import LEAKY_ERROR, MODEL, FaultBackend
 from support.wire import API_KEY, completed_ok, run_turn
 
+from server_shim.backends.sse import bounded_lines
 from server_shim.config import DeploymentConfig, RoutingConfig, ShimConfig
 from server_shim.deadlines import FIRST_TOKEN, TOTAL, Deadlines, within
 from server_shim.errors import BackendError
@@ -128,3 +129,24 @@ async def test_a_stalled_or_trickling_backend_fails_the_turn_within_its_deadline
         assert time.monotonic() < deadline, "the backend stream was never closed"
         await asyncio.sleep(0.05)
     assert shim.shim.limiter.in_flight(None) == 0
+
+
+# --- a stream line without an end ------------------------------------------------------------------
+
+
+async def _chunks(*pieces: bytes):
+    for piece in pieces:
+        yield piece
+
+
+async def test_lines_split_across_chunks_come_back_whole_with_crlf_removed():
+    lines = [line async for line in bounded_lines(_chunks(b"data: a", b"bc\r\n\r\nda", b"ta: x\n", b"tail"))]
+    assert lines == ["data: abc", "", "data: x", "tail"]
+
+
+async def test_a_line_that_never_ends_is_a_malformed_stream_not_unbounded_memory():
+    endless = _chunks(*([b"x" * 1024] * 100))
+    with pytest.raises(BackendError, match="longer than 10000 bytes") as caught:
+        async for _ in bounded_lines(endless, max_line_bytes=10_000):
+            pass
+    assert caught.value.backend_fault

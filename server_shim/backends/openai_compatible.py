@@ -34,6 +34,7 @@ from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
 from .pooled import PooledHTTPBackend
+from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
                 async with self._client.stream("POST", "/chat/completions", content=body) as response:
                     self.rate_limit.update(response.headers)
                     if response.status_code == 200:
-                        async for delta in _parse_stream(response.aiter_lines(), request):
+                        async for delta in _parse_stream(bounded_lines(response.aiter_bytes()), request):
                             yield delta
                         return
                     error = await self._status_error(response)

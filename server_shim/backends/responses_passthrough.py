@@ -27,6 +27,7 @@ from ..errors import BackendError
 from ..render import encode
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, loads
 from .pooled import PooledHTTPBackend
+from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                 if response.status_code != 200:
                     raise await self._status_error(response)
                 reader = _EventReader()
-                async for line in _data_lines(response.aiter_lines()):
+                async for line in _data_lines(bounded_lines(response.aiter_bytes())):
                     for delta in reader.feed(loads(line)):
                         yield delta
                     if reader.done:
