@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,14 +26,31 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    disable_created_metrics,
     generate_latest,
     multiprocess,
 )
 
-disable_created_metrics()  # no `*_created` series: a dashboard never uses them and they double the output
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Labelled:
+    """A labelled metric whose children are looked up once per label values.
+
+    prometheus-client's `labels()` validates and locks on every call (about 3 us); a turn records a
+    dozen labelled values, so the children are kept here. Label values are bounded sets (stages,
+    deployments, transports, statuses, error codes), so the dict stays small.
+    """
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
 
 STAGES = ("resolve", "validate", "render", "route", "backend_ttft", "stream", "finalize")
 """A turn's stages in order; `backend_ttft` and `stream` are the backend's time, the rest the shim's."""
@@ -42,60 +60,84 @@ _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
-TURNS = Counter(
-    "responses_ws_turns",
-    "Responses created, by transport, deployment and final status",
-    ["transport", "deployment", "status"],
+TURNS = _Labelled(
+    Counter(
+        "responses_ws_turns",
+        "Responses created, by transport, deployment and final status",
+        ["transport", "deployment", "status"],
+    )
 )
-STAGE_SECONDS = Histogram(
-    "responses_ws_turn_stage_seconds",
-    "Time per turn in each stage of the pipeline",
-    ["stage"],
-    buckets=sorted({*_FAST, *_SLOW}),
+STAGE_SECONDS = _Labelled(
+    Histogram(
+        "responses_ws_turn_stage_seconds",
+        "Time per turn in each stage of the pipeline",
+        ["stage"],
+        buckets=sorted({*_FAST, *_SLOW}),
+    )
 )
 SHIM_OVERHEAD_SECONDS = Histogram(
     "responses_ws_shim_overhead_seconds",
     "Time per turn spent in the shim's own stages (resolve, validate, render, route, finalize)",
     buckets=_FAST,
 )
-TTFT_SECONDS = Histogram(
-    "responses_ws_time_to_first_token_seconds",
-    "From the request to the first output delta",
-    ["deployment"],
-    buckets=_SLOW,
+TTFT_SECONDS = _Labelled(
+    Histogram(
+        "responses_ws_time_to_first_token_seconds",
+        "From the request to the first output delta",
+        ["deployment"],
+        buckets=_SLOW,
+    )
 )
-TURN_SECONDS = Histogram(
-    "responses_ws_turn_duration_seconds", "From the request to the terminal event", ["deployment"], buckets=_SLOW
+TURN_SECONDS = _Labelled(
+    Histogram(
+        "responses_ws_turn_duration_seconds", "From the request to the terminal event", ["deployment"], buckets=_SLOW
+    )
 )
-TOKENS = Counter("responses_ws_tokens", "Tokens by deployment and kind (input, cached, output)", ["deployment", "kind"])
-PLUGIN_SECONDS = Histogram(
-    "responses_ws_plugin_seconds",
-    "Time per turn in validators, classifiers and checks (check: before inference; check_beside_inference)",
-    ["kind"],
-    buckets=_FAST,
+TOKENS = _Labelled(
+    Counter("responses_ws_tokens", "Tokens by deployment and kind (input, cached, output)", ["deployment", "kind"])
+)
+PLUGIN_SECONDS = _Labelled(
+    Histogram(
+        "responses_ws_plugin_seconds",
+        "Time per turn in validators, classifiers and checks (check: before inference; check_beside_inference)",
+        ["kind"],
+        buckets=_FAST,
+    )
 )
 CONNECTIONS = Gauge("responses_ws_active_connections", "Open WebSocket connections", multiprocess_mode="livesum")
 LANES = Gauge(
     "responses_ws_active_lanes", "Lanes (stream_id queues) with work, over all connections", multiprocess_mode="livesum"
 )
-CACHE_LOOKUPS = Counter(
-    "responses_ws_cache_lookups",
-    "previous_response_id lookups: hit (connection cache), store (loaded from the response store), miss",
-    ["result"],
+CACHE_LOOKUPS = _Labelled(
+    Counter(
+        "responses_ws_cache_lookups",
+        "previous_response_id lookups: hit (connection cache), store (loaded from the response store), miss",
+        ["result"],
+    )
 )
-CACHE_EVICTIONS = Counter("responses_ws_cache_evictions", "Responses dropped from connection caches", ["reason"])
+CACHE_EVICTIONS = _Labelled(
+    Counter("responses_ws_cache_evictions", "Responses dropped from connection caches", ["reason"])
+)
 CACHE_BYTES = Gauge(
     "responses_ws_cache_bytes", "Bytes held by the connection caches (size estimate)", multiprocess_mode="livesum"
 )
-STORE_OPERATIONS = Counter("responses_ws_store_operations", "Response store reads and writes", ["operation", "result"])
-BREAKER = Gauge(
-    "responses_ws_deployment_breaker_state",
-    "Circuit breaker per deployment: 0 closed, 1 half open, 2 open",
-    ["deployment"],
-    multiprocess_mode="max",
+STORE_OPERATIONS = _Labelled(
+    Counter("responses_ws_store_operations", "Response store reads and writes", ["operation", "result"])
 )
-ERRORS = Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"])
-BYTES_RECEIVED = Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"])
+BREAKER = _Labelled(
+    Gauge(
+        "responses_ws_deployment_breaker_state",
+        "Circuit breaker per deployment: 0 closed, 1 half open, 2 open",
+        ["deployment"],
+        multiprocess_mode="max",
+    )
+)
+ERRORS = _Labelled(
+    Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"])
+)
+BYTES_RECEIVED = _Labelled(
+    Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"])
+)
 
 
 def observe_turn(
