@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, NotFoundError
 from support.wire import API_KEY, MODEL, completed_ok, only_connection, recv_event, run_turn, send_raw, user, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
@@ -294,3 +294,27 @@ async def _terminal(ws: Any) -> dict[str, Any]:
 def _rss() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_posts_of_large_stored_responses_keep_the_memory_store_within_its_byte_bound(make_server):
+    """The issue's case: 150 POSTs of 1 MiB held 305 MB (the store had a count bound only)."""
+    server = make_server(store_max_bytes=4 * 1024 * 1024)
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        ids = [
+            (await sdk.responses.create(model=MODEL, input="m" * 512 * 1024, max_output_tokens=1)).id for _ in range(20)
+        ]
+        store = server.shim.env.store
+        assert store.nbytes <= 4 * 1024 * 1024
+        assert (await sdk.responses.retrieve(ids[-1])).id == ids[-1], "the newest are kept"
+        with pytest.raises(NotFoundError):
+            await sdk.responses.retrieve(ids[0])
+
+
+async def test_a_frame_of_60k_tiny_items_is_refused_before_anything_holds_it(make_server):
+    server = make_server()
+    items = [{"type": "message", "role": "user", "content": "x"}] * 60_000
+    async with ws_connect(ws_url(server), max_size=None) as ws:
+        await ws.send(orjson.dumps(_create(items, None)).decode())
+        event = await _terminal(ws)
+        assert event["type"] == "error" and event["error"]["code"] == "too_many_input_items"
+        assert only_connection(server).cache.nbytes == 0
