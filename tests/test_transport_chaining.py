@@ -87,6 +87,17 @@ def test_caller_previous_response_id_passes_through_and_is_not_recorded() -> Non
     assert len(book) == 0
 
 
+def test_a_previous_response_id_of_none_chooses_nothing_and_the_turn_chains() -> None:
+    """LlamaIndex's OpenAIResponses sends `previous_response_id=None` on every call."""
+    params = {**PARAMS, "previous_response_id": None}
+    book = ChainBook()
+    first = book.plan(params, [user("hi")])
+    assert first.recordable
+    book.record(first, "resp_1", [output_message("hello")], nbytes=10, generation=1)
+    second = book.plan(params, [user("hi"), output_message("hello"), user("next")])
+    assert second.chain is not None and second.new_items == [user("next")]
+
+
 def test_string_input_is_one_user_message_and_the_next_list_turn_chains() -> None:
     book = ChainBook()
     plan = book.plan(dict(PARAMS), "hi")

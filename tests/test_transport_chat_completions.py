@@ -124,7 +124,7 @@ def test_every_message_role_becomes_the_matching_items() -> None:
                 {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"id":3}'}}
             ],
         },
-        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "record 3"}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": [{"type": "text", "text": "record 3"}]},
         ChatCompletionMessage(role="assistant", content="It is record 3."),
     ]
     assert messages_to_items(messages) == [

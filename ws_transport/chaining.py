@@ -28,6 +28,12 @@ PASSTHROUGH_PARAMS = frozenset({"previous_response_id", "conversation"})
 """A request carrying one of these names its own server-side state: sent as is, never chained."""
 
 
+def names_its_own_state(params: Params) -> bool:
+    """Whether the caller chose the server-side state itself. A `None` value chooses nothing: LlamaIndex's
+    `OpenAIResponses` sends `previous_response_id=None` on every call unless it tracks responses itself."""
+    return any(params.get(name) is not None for name in PASSTHROUGH_PARAMS)
+
+
 @dataclass(slots=True)
 class Chain:
     """What the server holds under `response_id`: the items of the conversation so far, in order."""
@@ -74,7 +80,7 @@ class ChainBook:
 
     def plan(self, params: Params, raw_input: Any) -> Plan:
         items = input_items(raw_input)
-        if PASSTHROUGH_PARAMS & params.keys() or not isinstance(raw_input, (list, str)):
+        if names_its_own_state(params) or not isinstance(raw_input, (list, str)):
             return Plan(params, items, None, items, recordable=False)
         with self._lock:
             chain = self._find(params, items)

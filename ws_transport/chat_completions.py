@@ -191,7 +191,7 @@ def message_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     role = message.get("role")
     if role not in ("system", "developer", "user", "assistant", "tool"):
         raise Untranslatable(f"{role} messages")
-    if message.get("name") is not None:
+    if message.get("name") is not None and role != "tool":  # a tool message's name is not in the API (CrewAI sends it)
         raise Untranslatable("message name")
     if role in ("system", "developer"):
         return [{"type": "message", "role": role, "content": _plain_content(message.get("content"), "input_text")}]

@@ -217,7 +217,7 @@ class Session:
         if not turn.counted:
             turn.counted = True
             stats.turns += 1
-            stats.turns_chained += chained or "previous_response_id" in turn.fields
+            stats.turns_chained += chained or turn.fields.get("previous_response_id") is not None
             stats.bytes_http_equivalent += http_equivalent
         log.debug(
             "ws_transport: sent turn on socket #%d lane %s: chained=%s new_items=%d frame=%dB http_equivalent=%dB",
