@@ -7,6 +7,7 @@ two different checks of one name on the same alias are a config error.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -46,6 +47,15 @@ class CheckConfig(BaseModel):
             raise ValueError(f"check {self.key!r}: a guard needs the model alias of its guard deployment")
         if self.kind == "content_policy" and not (self.words or self.words_file or self.patterns):
             raise ValueError(f"check {self.key!r}: give words, words_file or patterns")
+        for pattern in self.patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"check {self.key!r}: pattern {pattern!r} is not a regular expression: {exc}"
+                ) from None
+        if self.words_file is not None and not Path(self.words_file).is_file():
+            raise ValueError(f"check {self.key!r}: words_file {self.words_file!r} is not a readable file")
         return self
 
     @property

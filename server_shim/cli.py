@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .logs import configure_logging
 
 if TYPE_CHECKING:
+    from .config import ShimConfig
     from .loading import Loaded
 
 
@@ -100,9 +101,23 @@ def _check_config(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    _print_checks(config)
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _print_checks(config: ShimConfig) -> None:
+    """The built-in checks each model alias gets (`[[checks]]` and its deployments' `[[deployments.checks]]`)."""
+    everywhere = [f"{c.key} ({c.kind}, {c.action})" for c in config.checks]
+    rows = []
+    for deployment in config.deployments:
+        own = [f"{c.key} ({c.kind}, {c.action})" for c in deployment.checks]
+        for alias in deployment.models:
+            rows.append(f"  {alias} via {deployment.name}: {', '.join([*everywhere, *own]) or 'none'}")
+    if everywhere or any(d.checks for d in config.deployments):
+        print("\nchecks")
+        print("\n".join(rows))
 
 
 def _plugins(args: argparse.Namespace) -> int:

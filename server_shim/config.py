@@ -138,6 +138,9 @@ class ShimConfig(BaseModel):
                 raise ValueError(f"routing.fast_lane[{alias!r}] names unknown deployment {name!r}")
             if alias not in aliases:
                 raise ValueError(f"routing.fast_lane names unknown model alias {alias!r}")
+        for check in [*self.checks, *(c for d in self.deployments for c in d.checks)]:
+            if check.model is not None and check.model not in aliases and "*" not in aliases:
+                raise ValueError(f"check {check.key!r}: no deployment serves its guard model {check.model!r}")
         return self
 
     @classmethod

@@ -172,3 +172,32 @@ async def test_a_plugin_provides_checks_through_its_hook():
         async with AsyncOpenAI(base_url=running.base_url, api_key="x") as client:
             response = await client.responses.create(model=MODEL, input="a plum", store=False)
     assert response.metadata == {"check.plugged": "flagged", "check.plugged.flagged": "1"}
+
+
+@pytest.mark.parametrize(
+    ("check", "message"),
+    [
+        ({"kind": "guard", "model": "nowhere"}, "no deployment serves its guard model 'nowhere'"),
+        ({"kind": "content_policy", "patterns": ["(unclosed"]}, "is not a regular expression"),
+        ({"kind": "content_policy", "words_file": "/nonexistent/words.txt"}, "is not a readable file"),
+    ],
+)
+def test_config_refuses_checks_that_cannot_work(check, message):
+    deployment = {"name": "sim", "kind": "simulated", "models": {MODEL: MODEL}}
+    with pytest.raises(ValueError, match=message):
+        ShimConfig.model_validate({"deployments": [deployment], "checks": [check]})
+
+
+def test_check_config_lists_the_checks_of_each_model(tmp_path, capsys):
+    from server_shim.cli import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("forbidden\n")
+    path = tmp_path / "sidecar.toml"
+    path.write_text(CONFIG.replace("{words}", str(words)))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "simulated-1 via main: content_policy (content_policy, block), secrets (secrets, redact), guard (guard, block)"
+        in out
+    )
