@@ -166,3 +166,37 @@ async def test_http_block_gives_the_code(stream):
                 with pytest.raises(Exception) as caught:
                     await client.responses.create(model=MODEL, input="forbidden")
                 assert getattr(caught.value, "code", None) == "content_policy_violation"
+
+
+class CrashingCheck:
+    """A check that raises on 'crash': the turn must fail closed, never pass."""
+
+    name = "crashing"
+    mutates = False
+    blocking = True
+
+    def initial(self) -> int:
+        return 0
+
+    def observe(self, state: int, items: list[Any]) -> int:
+        return state
+
+    async def inspect(self, state: int, items: list[Any]) -> tuple[int, Finding]:
+        await asyncio.sleep(0.01)
+        if any("crash" in str(item.get("content")) for item in items):
+            raise RuntimeError("the policy service is down")
+        return state, Finding()
+
+
+async def test_a_check_that_crashes_beside_inference_fails_the_turn_closed():
+    backend = RecordingBackend()
+    settings = Settings(usage_ledger="off")
+    with BackgroundServer(create_app(settings, backend=backend, checks=[CrashingCheck()]), settings) as server:
+        async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client, client.responses.connect() as conn:
+            first, _ = await turn(conn, "hello", None)
+            crashed, first_delta = await turn(conn, "crash now", first[-1].response.id)
+            after, _ = await turn(conn, "again", first[-1].response.id)
+    assert first_delta is None
+    assert crashed[-2].type == "response.failed" and crashed[-2].response.error.code == "server_error"
+    assert crashed[-1].type == "error" and crashed[-1].error.code == "server_error"
+    assert after[-1].type == "response.completed"
