@@ -24,15 +24,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 from support.chat_server import closed_port
+from support.serve import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -97,7 +96,7 @@ def shim(tmp_path_factory: pytest.TempPathFactory, _redis_server: Any) -> Iterat
         stderr=subprocess.STDOUT,
         text=True,
     )
-    _wait_healthy(port, process)
+    wait_healthy(port, process, 30)
     env["_README_SHIM"] = f"127.0.0.1:{port}"
     env["_README_REDIS"] = f"127.0.0.1:{_redis_server.port}"
     yield env
@@ -159,7 +158,7 @@ def run_server(command: str, env: dict[str, str], block: Block) -> None:
         start_new_session=True,
     )
     try:
-        _wait_healthy(port, process)
+        wait_healthy(port, process, 30)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)  # the server itself; with --workers it stops its children
@@ -171,20 +170,6 @@ def run_server(command: str, env: dict[str, str], block: Block) -> None:
     output = process.stdout.read() if process.stdout else ""
     assert process.returncode in (0, -signal.SIGINT), f"{block.name}: {command}\n{output}"
     assert "Traceback" not in output, f"{block.name}: {command}\n{output}"
-
-
-def _wait_healthy(port: int, process: subprocess.Popen[str], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            output = process.stdout.read() if process.stdout else ""
-            raise AssertionError(f"the server exited with {process.returncode}:\n{output}")
-        try:
-            if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx2.TransportError:
-            time.sleep(0.1)
-    raise AssertionError(f"no answer on port {port} within {timeout_s} s")
 
 
 def test_every_relative_link_points_into_the_repository():
