@@ -166,7 +166,7 @@ def startup_summary(loaded: Loaded, port: int, workers: int = 1) -> list[str]:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     processes = f", {workers} worker processes" if workers > 1 else ""
     lines = [f"listening on http://{host}:{port} (WebSocket ws://{host}:{port}/v1/responses{processes})"]
-    source = f"from {loaded.path}" if loaded.from_file else "from --backend"
+    source = f"from {loaded.path}" if loaded.from_file else "from the backend setting"
     for d in loaded.config.deployments:
         target = f" at {d.base_url}" if d.base_url else ""
         models = ", ".join(f"{alias}->{model}" if alias != model else alias for alias, model in d.models.items())
