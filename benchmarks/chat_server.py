@@ -25,7 +25,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from server_shim.backends import BackendRequest, Finish, SimulatedBackend, TextDelta, ToolCallDelta, Usage
-from server_shim.render import ChatPrompt
+from server_shim.history import History
+from ws_transport.chat_completions import messages_to_items, translate_call
 
 MODEL = "simulated-1"
 
@@ -43,11 +44,13 @@ def backend_request(body: dict[str, Any]) -> BackendRequest:
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty array")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    limits = ("max_tokens", "max_completion_tokens")  # any size here; the Responses minimum does not apply
+    call = translate_call({k: v for k, v in body.items() if k not in limits})  # the tools as Responses tools
     return BackendRequest(
         model=str(body.get("model") or MODEL),
-        prompt=ChatPrompt().extend([dict(m) for m in messages]),
-        tools=body.get("tools") or None,
-        tool_choice=body.get("tool_choice"),
+        history=History().extend(messages_to_items(messages)),
+        tools=call.fields.get("tools"),
+        tool_choice=call.fields.get("tool_choice"),
         max_output_tokens=int(max_tokens) if max_tokens else None,
     )
 

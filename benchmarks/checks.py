@@ -51,7 +51,7 @@ class CountingGuard(SimulatedBackend):
 
     async def stream(self, request: BackendRequest) -> Any:
         self.calls += 1
-        self.chars += sum(len(str(m["content"])) for m in request.prompt.messages)
+        self.chars += sum(len(str(item.get("content", ""))) for item in request.history.items)
         async for delta in super().stream(request):
             yield delta
 

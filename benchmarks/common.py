@@ -34,6 +34,8 @@ from typing import Any
 import httpx2
 import uvicorn
 
+from server_shim.backends.base import ConnectionScoped
+
 perf = time.perf_counter
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -227,7 +229,8 @@ class TimedBackend:
         return await self.inner.models()
 
     async def release(self, connection_id: str) -> None:
-        await self.inner.release(connection_id)
+        if isinstance(self.inner, ConnectionScoped):
+            await self.inner.release(connection_id)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -235,8 +238,7 @@ class TimedBackend:
     async def stream(self, request: Any) -> AsyncGenerator[Any, None]:
         recorder = self.recorder
         recorder.backend_calls += 1
-        prompt = getattr(request, "prompt", None)
-        recorder.backend_messages = len(prompt.messages) if prompt is not None else None
+        recorder.backend_messages = len(request.history)  # items; one message each in these loops
         recorder.mark("backend_start")
         first = perf()
         inner = self.inner.stream(request)

@@ -14,7 +14,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from server_shim.backends import BackendRequest, TextDelta
-from server_shim.render import ChatPrompt
+from server_shim.history import History
 
 from .common import Recorder, bounded, probe_websocket
 from .turns import MODEL, OUTPUT_TOKENS, as_input, assistant_message, expected_backend_messages, user_message
@@ -142,14 +142,14 @@ async def backend_inprocess(
 ) -> list[dict[str, Any]]:
     """The backend's `stream()` called in this process: the floor, no server, no client SDK."""
     rows = []
-    prompt = ChatPrompt()
+    history = History()
     for turn in range(turns):
-        prompt = prompt.extend([user_message(turn)])
-        request = BackendRequest(model=model, prompt=prompt, max_output_tokens=OUTPUT_TOKENS)
+        history = history.extend([{"type": "message", **user_message(turn)}])
+        request = BackendRequest(model=model, history=history, max_output_tokens=OUTPUT_TOKENS)
         recorder.reset()
         recorder.mark("start")
         text = [d.text async for d in backend.stream(request) if isinstance(d, TextDelta)]
         recorder.mark("end")
         rows.append(row(recorder, turn))
-        prompt = prompt.extend([assistant_message("".join(text))])
+        history = history.extend([{"type": "message", **assistant_message("".join(text))}])
     return rows

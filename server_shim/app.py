@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from . import extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter
-from .backends import Backend
+from .backends.base import Backend, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .check_config import checks_by_model
 from .checks import Check
 from .config import ShimConfig
@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .limits import RequestLimits
 from .observe import turn_finished
 from .postinference import PostInference
-from .router import Router, build_router
+from .router import build_router
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     import pluggy
 
 log = logging.getLogger(__name__)
-
-STARTUP_PROBE_S = 5.0
-"""How long start-up waits for the first health probe of the deployments before serving anyway."""
 
 
 @dataclass
@@ -120,8 +117,9 @@ def create_app(
         overlap_checks=settings.checks_overlap,
         token_counter=counters.get,
     )
-    if isinstance(backend, Router):
+    if isinstance(backend, ServesModels):
         env.serves_model = backend.serves_model
+    if isinstance(backend, HostedToolPolicy):
         env.hosted_policy = backend.hosted_policy
     shim = ShimState(
         settings,
@@ -154,9 +152,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if isinstance(env.backend, Router):
-            env.backend.start_health_checks()
-            await env.backend.first_probe(STARTUP_PROBE_S)
+        if isinstance(env.backend, HasBackgroundWork):
+            await env.backend.start()
         await env.post_inference.start()
         yield
         await shim.close_connections()

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from . import metrics, tracing
+from .backends.base import ReportsStatus
 from .errors import APIError, internal_error, invalid
 from .items import Item
 from .requests import parse_create
@@ -283,8 +284,8 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Ready when at least one deployment has answered and can take traffic; the body shows each one."""
     shim: ShimState = request.app.state.shim
-    status = getattr(shim.env.backend, "status", None)
-    deployments = status() if status else {shim.env.backend.name: {"available": True}}
+    backend = shim.env.backend
+    deployments = backend.status() if isinstance(backend, ReportsStatus) else {backend.name: {"available": True}}
     ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
     if not _probe_details(request):
         return json_response(

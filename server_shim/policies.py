@@ -15,8 +15,8 @@ from typing import Any, Literal
 from .backends.base import Backend, BackendRequest, TextDelta
 from .checks import Finding
 from .errors import APIError
+from .history import History
 from .items import Item
-from .render import ChatPrompt
 
 Action = Literal["flag", "block", "redact"]
 TEXT_KEYS = ("content", "text", "output", "arguments", "input")
@@ -231,7 +231,7 @@ class Guard:
         )
         request = BackendRequest(
             model=self.model,
-            prompt=ChatPrompt().extend([{"role": "user", "content": transcript}]),
+            history=History().extend([{"type": "message", "role": "user", "content": transcript}]),
             max_output_tokens=16,
         )
         reply: list[str] = []

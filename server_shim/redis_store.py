@@ -2,7 +2,8 @@
 
 One key per stored response (`<prefix>resp:<id>`) holding a versioned encoding of the
 `ResponseState` (items, tools, what the next turn needs), and one list per conversation
-(`<prefix>hist:<id of its first stored response>`) holding the rendered history, both with a TTL:
+(`<prefix>hist:<id of its first stored response>`) holding the history's items, one element per
+batch (a turn's input, a response's output), both with a TTL:
 a replica that never saw the conversation continues it without the client resending anything.
 Readers accept every version they know and ignore fields they do not, so a rolling upgrade never
 breaks a read.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .errors import store_unavailable
-from .render import ChatPrompt
+from .history import History
 from .state import ResponseState
 from .tools import chat_tools
 
@@ -31,13 +32,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENCODING_VERSION = 2
-"""Bump when a field changes meaning; `decode_state` keeps reading every older version.
+ENCODING_VERSION = 3
+"""Bump when a field changes meaning; `decode_state` keeps reading every older version it can.
 
-v1 (a JSON object): the whole rendered history inline, as `messages`. v2: a header line
-`2<TAB>history key<TAB>message count`, then the same JSON without `messages`: the history is a
-Redis list shared by the turns of one conversation, each turn appending only its own messages,
-so a conversation of N turns holds O(total bytes) in Redis, not O(N^2). Optional fields added
+v3: a header line `3<TAB>history key<TAB>batch count`, then the state as JSON: the history is a
+Redis list shared by the turns of one conversation, one element per batch of Responses items (the
+JSON array of a turn's input or a response's output), each turn appending only its own batches,
+so a conversation of N turns holds O(total bytes) in Redis, not O(N^2). v1 (a JSON object with
+the rendered chat `messages`) and v2 (the same header, the list holding chat messages) kept only
+chat messages, from which the items cannot be rebuilt: such an entry reads as absent, so the
+client resends that conversation in full once. Optional fields added
 without a bump, absent from older entries: `checks` (each stateful check's state; a chain read
 without it restarts its checks from their initial state on the new items) and `tokens` (the
 tokenizer's count through the response's input; without it the prefix is counted once)."""
@@ -61,7 +65,7 @@ return 1
 _LOAD = r"""
 local entry = redis.call('GET', KEYS[1])
 if not entry then return false end
-local key, count = string.match(entry, '^2\t([^\t]+)\t(%d+)\n')
+local key, count = string.match(entry, '^%d\t([^\t]+)\t(%d+)\n')
 if key then return {entry, redis.call('LRANGE', key, 0, tonumber(count) - 1)} end
 return {entry}
 """
@@ -83,7 +87,7 @@ class _Where:
 
 def encode_state(state: ResponseState, history_key: str) -> bytes:
     """A v2 entry: the header naming the history list and its length, then the state without its history."""
-    header = f"{ENCODING_VERSION}\t{history_key}\t{state.prompt.count}\n".encode()
+    header = f"{ENCODING_VERSION}\t{history_key}\t{state.history.batches}\n".encode()
     return header + orjson.dumps(
         {
             "tenant": state.tenant,
@@ -101,30 +105,26 @@ def encode_state(state: ResponseState, history_key: str) -> bytes:
 
 
 def decode_state(raw: bytes, history: list[bytes] | None = None) -> ResponseState:
-    """Rebuild a state from a v1 or v2 entry (and, for v2, its history's fragments).
+    """Rebuild a state from a v3 entry and its history's batches.
 
-    The rendered prompt re-encodes to the same bytes, so backend prefix caches still hit.
+    The history renders batch by batch to the same bytes, so backend prefix caches still hit.
     """
-    if raw.startswith(b"{"):
-        body = _json(raw)
-        if body.get("v") != 1:
-            raise UnreadableEntry(f"encoding version {body.get('v')!r}; this server reads up to {ENCODING_VERSION}")
-        messages = body["messages"]
-    else:
-        head, _, rest = raw.partition(b"\n")
-        fields = head.split(b"\t")
-        if fields[0] != b"2" or len(fields) != 3:
-            raise UnreadableEntry(f"encoding {head[:20]!r}; this server reads up to {ENCODING_VERSION}")
-        if history is None or len(history) != int(fields[2]):
-            raise UnreadableEntry("its conversation history expired or was evicted")
-        body, messages = _json(rest), [orjson.loads(fragment) for fragment in history]
+    head, _, rest = raw.partition(b"\n")
+    fields = head.split(b"\t")
+    if raw.startswith(b"{") or fields[0] != b"3" or len(fields) != 3:
+        raise UnreadableEntry(
+            f"encoding {head[:20]!r}; this server reads {ENCODING_VERSION} (older ones kept chat messages)"
+        )
+    if history is None or len(history) != int(fields[2]):
+        raise UnreadableEntry("its conversation history expired or was evicted")
+    body, batches = _json(rest), [orjson.loads(batch) for batch in history]
     return ResponseState(
         response=body["response"],
         input_items=body["input_items"],
         output_items=body["output_items"],
         tools=body["tools"],
         chat_tools=chat_tools(body["tools"]),
-        prompt=ChatPrompt().extend(messages),
+        history=History.from_batches(batches),
         call_ids=frozenset(body.get("call_ids", ())),
         deployment=body.get("deployment"),
         carry=body.get("carry") or {},
@@ -144,17 +144,16 @@ def _json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _where(key: str, prompt: ChatPrompt) -> _Where:
-    tail = prompt.own_fragments[-1] if prompt.own_fragments else b""
-    return _Where(key, prompt.count, prompt.nbytes, hash(tail))
+def _where(key: str, history: History) -> _Where:
+    return _Where(key, history.batches, history.nbytes, hash(orjson.dumps(history.own)))
 
 
-def _extends(prompt: ChatPrompt, where: _Where) -> bool:
-    """Whether `prompt` is the history at `where` plus more: a node of its chain matches that prefix."""
-    node: ChatPrompt | None = prompt
-    while node is not None and node.count > where.count:
+def _extends(history: History, where: _Where) -> bool:
+    """Whether `history` is the history at `where` plus more: a node of its chain matches that prefix."""
+    node: History | None = history
+    while node is not None and node.batches > where.count:
         node = node.parent
-    return node is not None and node.count == where.count and _where(where.key, node) == where
+    return node is not None and node.batches == where.count and _where(where.key, node) == where
 
 
 class RedisResponseStore:
@@ -195,34 +194,37 @@ class RedisResponseStore:
         return f"{self.prefix}hist:{response_id}"
 
     async def save(self, state: ResponseState) -> None:
-        prompt = state.prompt
         parent = self._known.get(state.response.get("previous_response_id") or "")
-        if parent is not None and _extends(prompt, parent) and await self._write(state, parent.key, parent.count):
+        if (
+            parent is not None
+            and _extends(state.history, parent)
+            and await self._write(state, parent.key, parent.count)
+        ):
             return
         # no parent it knows, a fork (another turn appended first), or the list expired: a list of its own
         await self._write(state, self._history_key(state.id), -1)
 
     async def _write(self, state: ResponseState, history_key: str, expected: int) -> bool:
-        """One atomic script: append the new messages (all of them when `expected` is -1), set the entry.
+        """One atomic script: append the new batches (all of them when `expected` is -1), set the entry.
 
         False when the list is not `expected` long. A response over the bound is skipped (True: done).
         """
         entry = encode_state(state, history_key)
-        if len(entry) + state.prompt.nbytes > self.max_entry_bytes:
+        if len(entry) + state.history.nbytes > self.max_entry_bytes:
             log.warning(
                 "response %s not stored: %d bytes with its history, over the store's %d-byte bound",
                 state.id,
-                len(entry) + state.prompt.nbytes,
+                len(entry) + state.history.nbytes,
                 self.max_entry_bytes,
             )
             return True
-        fragments = state.prompt.fragments[max(expected, 0) :]
+        fragments = [orjson.dumps(batch) for batch in state.history.batch_list()[max(expected, 0) :]]
         keys = [self._key(state.id), history_key]
         written = await self._call(
             "save", self._save_script(keys=keys, args=[entry, self.ttl_ms, expected, *fragments])
         )
         if written:
-            self._remember(state.id, _where(history_key, state.prompt))
+            self._remember(state.id, _where(history_key, state.history))
         return bool(written)
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
@@ -237,7 +239,7 @@ class RedisResponseStore:
         if state.tenant != tenant:
             return None
         if not found[0].startswith(b"{"):
-            self._remember(response_id, _where(found[0].split(b"\t", 2)[1].decode(), state.prompt))
+            self._remember(response_id, _where(found[0].split(b"\t", 2)[1].decode(), state.history))
         return state
 
     def _remember(self, response_id: str, where: _Where) -> None:

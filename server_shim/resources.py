@@ -17,13 +17,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .backends.base import estimate_tokens
-from .backends.responses_passthrough import to_items
+from .backends.base import encode, estimate_tokens
+from .backends.chat_convert import chat_prompt
 from .compaction import pack
 from .errors import APIError, invalid
 from .events import new_id
 from .http import error_response, json_response, stored_response
-from .render import encode
 from .requests import parse_create
 from .tenants import scope_tenant
 from .tokens import whole_prompt_tokens
@@ -64,7 +63,7 @@ async def compact_response(request: Request) -> Response:
     turn = await _prepared(request)
     if isinstance(turn, APIError):
         return error_response(turn)
-    items = to_items(turn.prompt.messages)
+    items = list(turn.history.items)
     users = [
         {"id": new_id("msg"), "type": "message", "status": "completed", "role": "user", "content": _parts(item)}
         for item in items
@@ -120,7 +119,8 @@ async def _prepared(request: Request) -> Turn | APIError:
 
 def _input_tokens(turn: Turn) -> int:
     tools = turn.sent_tools
-    nbytes = turn.prompt.nbytes + len(turn.request.instructions or "") + (len(encode(tools)) if tools else 0)
+    prompt = chat_prompt(turn.history)
+    nbytes = prompt.nbytes + len(turn.request.instructions or "") + (len(encode(tools)) if tools else 0)
     return estimate_tokens(nbytes)
 
 

@@ -4,7 +4,10 @@ The router is itself a `Backend`: the turn pipeline hands it a request whose `de
 names the previous turn's choice (the conversation's sticky route). A sticky route is reused
 without resolving again while its deployment is healthy; otherwise the router resolves by
 model alias and policy. Failures before the first delta move on to the next candidate;
-after the first delta they surface, so no output is ever duplicated.
+after the first delta they surface, so no output is ever duplicated. The router writes
+nothing into the request: it yields its decision, `Routed(deployment, carry)`, after the
+turn's last delta. Every time it reads comes from the clock it is given; the breaker itself
+is the plain state machine in `health.py`.
 """
 
 from __future__ import annotations
@@ -14,67 +17,34 @@ import contextlib
 import inspect
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from . import metrics
-from .backends.base import Backend, BackendFactory, BackendRequest, Delta, TextDelta, ToolCallDelta, Usage
+from .backends.base import (
+    Backend,
+    BackendFactory,
+    BackendRequest,
+    Carry,
+    ConnectionScoped,
+    Delta,
+    ReportsRateLimits,
+    Routed,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from .config import DeploymentConfig, RoutingConfig, ShimConfig
 from .deadlines import Deadlines, within
 from .errors import BackendError
+from .health import Health, TokenWindow
 
 log = logging.getLogger(__name__)
 
 WILDCARD = "*"
 
-
-@dataclass
-class Health:
-    """Circuit breaker and latency estimates for one deployment."""
-
-    failure_threshold: int
-    cooldown_s: float
-    alpha: float
-    consecutive_failures: int = 0
-    open_until: float = 0.0
-    limited_until: float = 0.0
-    ttft_s: float | None = None
-    tokens_per_s: float | None = None
-    answered: bool = False
-    """Whether it has ever answered (a probe or a turn): `/readyz` waits for one that has."""
-
-    @property
-    def available(self) -> bool:
-        now = time.monotonic()
-        return now >= self.open_until and now >= self.limited_until
-
-    @property
-    def state(self) -> str:
-        if time.monotonic() < self.open_until:
-            return "open"
-        return "half_open" if self.consecutive_failures >= self.failure_threshold else "closed"
-
-    def success(self, ttft_s: float | None = None, tokens_per_s: float | None = None) -> None:
-        self.answered = True
-        self.consecutive_failures = 0
-        self.open_until = 0.0
-        if ttft_s is not None:
-            self.ttft_s = ttft_s if self.ttft_s is None else self.alpha * ttft_s + (1 - self.alpha) * self.ttft_s
-        if tokens_per_s is not None:
-            self.tokens_per_s = (
-                tokens_per_s
-                if self.tokens_per_s is None
-                else self.alpha * tokens_per_s + (1 - self.alpha) * self.tokens_per_s
-            )
-
-    def failure(self) -> None:
-        self.consecutive_failures += 1
-        if self.consecutive_failures >= self.failure_threshold:
-            self.open_until = time.monotonic() + self.cooldown_s
-
-    def rate_limited(self, retry_after_s: float) -> None:
-        self.limited_until = max(self.limited_until, time.monotonic() + retry_after_s)
+STARTUP_PROBE_S = 5.0
+"""How long start-up waits for the first health probe of the deployments before serving anyway."""
 
 
 @dataclass
@@ -88,9 +58,9 @@ class Deployment:
     tokens_per_minute: int | None = None
     hosted_tools: str = "drop"
     """The deployment's hosted-tool policy (`DeploymentConfig.hosted_tools`)."""
-    deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
     in_flight: int = 0
-    _tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    tokens: TokenWindow = field(default_factory=TokenWindow)
+    deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
 
     def serves(self, alias: str) -> bool:
         return alias in self.models or WILDCARD in self.models
@@ -99,23 +69,12 @@ class Deployment:
         target = self.models.get(alias, self.models.get(WILDCARD, alias))
         return alias if target == WILDCARD else target
 
-    def tokens_last_minute(self) -> int:
-        cutoff = time.monotonic() - 60
-        while self._tokens and self._tokens[0][0] < cutoff:
-            self._tokens.popleft()
-        return sum(n for _, n in self._tokens)
-
-    def record_tokens(self, tokens: int) -> None:
-        self._tokens.append((time.monotonic(), tokens))
-
-    @property
-    def has_capacity(self) -> bool:
+    def has_capacity(self, now: float) -> bool:
         if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             return False
-        if self.tokens_per_minute is not None and self.tokens_last_minute() >= self.tokens_per_minute:
+        if self.tokens_per_minute is not None and self.tokens.total(now) >= self.tokens_per_minute:
             return False
-        rate_limit = getattr(self.backend, "rate_limit", None)
-        return rate_limit is None or not rate_limit.exhausted()
+        return not isinstance(self.backend, ReportsRateLimits) or not self.backend.rate_limit.exhausted()
 
 
 @dataclass
@@ -126,13 +85,20 @@ class RouterStats:
 
 
 class Router:
-    """A `Backend` over several deployments."""
+    """A `Backend` over several deployments; every time it reads comes from `clock` (seconds, monotonic)."""
 
     name = "router"
 
-    def __init__(self, deployments: Sequence[Deployment], routing: RoutingConfig) -> None:
+    def __init__(
+        self,
+        deployments: Sequence[Deployment],
+        routing: RoutingConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.deployments = {d.name: d for d in deployments}
         self.routing = routing
+        self.clock = clock
         self.stats = RouterStats()
         self._health_task: asyncio.Task[None] | None = None
         self._probed = asyncio.Event()
@@ -159,7 +125,7 @@ class Router:
     def hosted_policy(self, alias: str, sticky: str | None) -> str:
         """The hosted-tool policy of the deployment a turn will most likely run on (read-only: no stats)."""
         deployment = self.deployments.get(sticky) if sticky is not None else None
-        if deployment is None or not deployment.health.available or not deployment.serves(alias):
+        if deployment is None or not deployment.health.available(self.clock()) or not deployment.serves(alias):
             resolved = self._resolve(alias)
             deployment = resolved[0] if resolved else None
         return deployment.hosted_tools if deployment is not None else "drop"
@@ -168,7 +134,7 @@ class Router:
         """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
         if sticky is not None:
             deployment = self.deployments.get(sticky)
-            if deployment is not None and deployment.health.available and deployment.serves(alias):
+            if deployment is not None and deployment.health.available(self.clock()) and deployment.serves(alias):
                 self.stats.sticky_reuses += 1
                 return [deployment, *(d for d in self._resolve(alias) if d is not deployment)]
         self.stats.resolutions += 1
@@ -181,9 +147,10 @@ class Router:
         else:
             serving.sort(key=lambda d: -d.priority)
         fast = self.routing.fast_lane.get(alias)
-        usable = [d for d in serving if d.health.available and d.has_capacity]
+        now = self.clock()
+        usable = [d for d in serving if d.health.available(now) and d.has_capacity(now)]
         usable.sort(key=lambda d: d.name != fast)
-        rest = [d for d in serving if d not in usable and d.health.available]
+        rest = [d for d in serving if d not in usable and d.health.available(now)]
         return usable + rest
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
@@ -200,17 +167,16 @@ class Router:
                 self.stats.failovers += 1
                 log.warning("failing over from %s to %s", candidates[index - 1].name, deployment.name)
             started = False
+            carry = request.carry if deployment.name == request.deployment else {}
             try:
-                routed = replace(
-                    request,
-                    model=deployment.backend_model(request.model),
-                    carry=dict(request.carry) if deployment.name == request.deployment else {},
-                )
+                routed = replace(request, model=deployment.backend_model(request.model), carry=carry)
                 async for delta in self._stream_one(deployment, routed):
+                    if isinstance(delta, Carry):
+                        carry = delta.values
+                        continue
                     started = True
                     yield delta
-                request.deployment = deployment.name
-                request.carry = routed.carry
+                yield Routed(deployment.name, carry)
                 return
             except BackendError as exc:
                 last_error = exc
@@ -221,32 +187,32 @@ class Router:
 
     async def _stream_one(self, deployment: Deployment, routed: BackendRequest) -> AsyncGenerator[Delta, None]:
         deployment.in_flight += 1
-        start = time.perf_counter()
+        start = self.clock()
         first: float | None = None
         pieces = 0
         try:
-            async for delta in within(deployment.backend.stream(routed), deployment.deadlines, time.monotonic):
+            async for delta in within(deployment.backend.stream(routed), deployment.deadlines, self.clock):
                 if isinstance(delta, (TextDelta, ToolCallDelta)):
                     pieces += 1
                     if first is None:
-                        first = time.perf_counter()
+                        first = self.clock()
                 elif isinstance(delta, Usage):
-                    deployment.record_tokens(delta.input_tokens + delta.output_tokens)
+                    deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
                 yield delta
         except BackendError as exc:
             if exc.status == 429:
-                deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s)
+                deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s, self.clock())
             elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
-                deployment.health.failure()
+                deployment.health.failure(self.clock())
             raise
         finally:
             deployment.in_flight -= 1
-            _publish(deployment)
-        end = time.perf_counter()
+            self._publish(deployment)
+        end = self.clock()
         ttft = (first - start) if first is not None else None
         tps = pieces / (end - first) if first is not None and end > first and pieces > 1 else None
         deployment.health.success(ttft, tps)
-        _publish(deployment)
+        self._publish(deployment)
 
     async def check_health(self, *, count_failures: bool = True) -> dict[str, bool]:
         """Probe every deployment once; a success closes its breaker, a failure counts. Changes are logged.
@@ -256,12 +222,12 @@ class Router:
         """
         results: dict[str, bool] = {}
         for deployment in self.deployments.values():
-            started = time.perf_counter()
+            started = self.clock()
             try:
                 await deployment.backend.models()
             except BackendError as exc:
                 if count_failures:
-                    deployment.health.failure()
+                    deployment.health.failure(self.clock())
                 results[deployment.name] = False
                 if self._reachable.get(deployment.name) is not False:
                     log.warning("deployment %r does not answer: %s", deployment.name, exc)
@@ -269,19 +235,21 @@ class Router:
                 deployment.health.success()
                 results[deployment.name] = True
                 if self._reachable.get(deployment.name) is not True:
-                    ms = (time.perf_counter() - started) * 1000
+                    ms = (self.clock() - started) * 1000
                     log.info("deployment %r answers (health probe %.0f ms)", deployment.name, ms)
             self._reachable[deployment.name] = results[deployment.name]
-            _publish(deployment)
+            self._publish(deployment)
         if not any(results.values()) and not self._probed.is_set():
             log.warning("no deployment answers yet: /readyz says 503 until one does")
         self._probed.set()
         return results
 
-    def start_health_checks(self) -> None:
-        """Probe now (start-up), then every `health_interval_s`."""
+    async def start(self) -> None:
+        """The health checks: probe now, then every `health_interval_s`; returns once the first probe
+        is in (at most `STARTUP_PROBE_S`), so the first `/readyz` already knows. The app's lifespan calls it."""
         if self._health_task is None:
             self._health_task = asyncio.create_task(self._health_loop())
+        await self.first_probe(STARTUP_PROBE_S)
 
     async def first_probe(self, timeout_s: float) -> None:
         """Wait (bounded) for the start-up probe, so the first `/readyz` already knows."""
@@ -299,11 +267,12 @@ class Router:
             await asyncio.sleep(self.routing.health_interval_s)
 
     def status(self) -> dict[str, dict[str, object]]:
+        now = self.clock()
         return {
             d.name: {
-                "available": d.health.available,
+                "available": d.health.available(now),
                 "answered": d.health.answered,
-                "breaker": d.health.state,
+                "breaker": d.health.state(now),
                 "in_flight": d.in_flight,
                 "ttft_s": d.health.ttft_s,
                 "tokens_per_s": d.health.tokens_per_s,
@@ -311,8 +280,13 @@ class Router:
             for d in self.deployments.values()
         }
 
+    def _publish(self, deployment: Deployment) -> None:
+        state = deployment.health.state(self.clock())
+        metrics.BREAKER.labels(deployment.name).set(metrics.BREAKER_STATES[state])
+
     async def release(self, connection_id: str) -> None:
-        await asyncio.gather(*(d.backend.release(connection_id) for d in self.deployments.values()))
+        scoped = [d.backend for d in self.deployments.values() if isinstance(d.backend, ConnectionScoped)]
+        await asyncio.gather(*(backend.release(connection_id) for backend in scoped))
 
     async def aclose(self) -> None:
         if self._health_task is not None:
@@ -322,11 +296,9 @@ class Router:
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments.values()), return_exceptions=True)
 
 
-def _publish(deployment: Deployment) -> None:
-    metrics.BREAKER.labels(deployment.name).set(metrics.BREAKER_STATES[deployment.health.state])
-
-
-def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router:
+def build_router(
+    config: ShimConfig, kinds: dict[str, BackendFactory], *, clock: Callable[[], float] = time.monotonic
+) -> Router:
     """One backend per deployment, made by the factory registered for its kind."""
     deployments = []
     for spec in config.deployments:
@@ -339,11 +311,11 @@ def build_router(config: ShimConfig, kinds: dict[str, BackendFactory]) -> Router
                 priority=spec.priority,
                 max_concurrency=spec.max_concurrency,
                 tokens_per_minute=spec.tokens_per_minute,
-                hosted_tools=spec.hosted_policy,
                 deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
+                hosted_tools=spec.hosted_policy,
             )
         )
-    return Router(deployments, config.routing)
+    return Router(deployments, config.routing, clock=clock)
 
 
 def make_backend(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Backend:

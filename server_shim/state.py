@@ -10,8 +10,8 @@ from typing import Any, Protocol
 from . import metrics
 from .callids import own_calls
 from .footprint import footprint
+from .history import History
 from .items import Item
-from .render import ChatPrompt
 from .tools import ChatTools
 
 STATE_OVERHEAD = 1024
@@ -27,7 +27,8 @@ class ResponseState:
     output_items: list[Item]
     tools: list[dict[str, Any]]
     chat_tools: ChatTools
-    prompt: ChatPrompt
+    history: History
+    """The conversation through this response's output, with the backends' renderings of it cached."""
     call_ids: Set[str]
     deployment: str | None = None
     carry: dict[str, Any] = field(default_factory=dict)
@@ -38,20 +39,20 @@ class ResponseState:
     """(tokenizer, tokens of the prompt through this response's input), when a tokenizer counts (`tokens.py`)."""
     """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
     base_held: int = 0
-    """Memory of the history shared with the previous response's prompt (0 when it has none)."""
+    """Memory of the history shared with the previous response's (0 when it has none)."""
     own_bytes: int = field(default=0, compare=False)
-    """Memory this state adds: its items, tools, Response object and its own segment of the prompt."""
+    """Memory this state adds: its batches of the history (input and output items, their renderings),
+    tools and Response object."""
 
     def __post_init__(self) -> None:
+        response = {key: value for key, value in self.response.items() if key != "output"}  # output: in the history
         self.own_bytes = (
             STATE_OVERHEAD
-            + self.prompt.held
+            + self.history.held
             - self.base_held
             + footprint(
                 (
-                    self.response,
-                    self.input_items,
-                    self.output_items,
+                    response,
                     self.tools,
                     self.carry,
                     self.checks,

@@ -33,6 +33,7 @@ import httpx2
 import orjson
 
 from .backends.base import Usage
+from .backends.chat_convert import chat_prompt, render_items
 from .errors import BackendError
 
 if TYPE_CHECKING:
@@ -183,8 +184,8 @@ class TokenCount:
             return cls(None)
         prior_output: Sequence[Message] = ()
         if previous is not None and previous.output_items:
-            prior_output = previous.prompt.own_messages  # the last segment of a response's prompt is its output
-        prefix = (lambda: list(previous.prompt.messages)) if previous is not None else list
+            prior_output = render_items(previous.output_items)  # the previous response's output, as chat messages
+        prefix = (lambda: list(chat_prompt(previous.history).messages)) if previous is not None else list
         work = turn_tokens(counter, previous.tokens if previous else None, prefix, prior_output, new, instructions)
         return cls(asyncio.get_running_loop().create_task(work))
 

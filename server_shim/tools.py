@@ -23,10 +23,12 @@ from openai.types.responses import ToolParam
 
 from .backends.base import Delta, Finish, ToolCallDelta
 from .errors import invalid
-from .render import NAMESPACE_SEPARATOR
 from .sdk import sdk_literal_types
 
 HostedPolicy = Literal["drop", "refuse", "pass"]
+
+NAMESPACE_SEPARATOR = "__"
+"""A namespace member's chat function name is `<namespace>__<name>`."""
 
 CUSTOM_INPUT = "input"
 DROPPED_METADATA_KEY = "responses_ws.hosted_tools_dropped"

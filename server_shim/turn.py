@@ -1,8 +1,9 @@
-"""One turn as a pipeline: resolve -> validate new items -> render -> backend -> events -> finalize.
+"""One turn as a pipeline: resolve -> validate new items -> extend the history -> backend -> events -> finalize.
 
 Only this module knows the order of the stages. Each stage sees what it needs: validators
-and classifiers get the new items and read-only previous state, the backend gets a rendered
-request. Nothing here touches a socket, so the WebSocket and HTTP paths share it.
+and classifiers get the new items and read-only previous state, the backend gets the history
+as Responses items (with its renderings cached) and converts it itself. Nothing here touches
+a socket, so the WebSocket and HTTP paths share it.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence, Set
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-from .backends.base import Backend, BackendRequest
+from .backends.base import Backend, BackendRequest, Carry, Routed
+from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, invalid, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
+from .history import History
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
 from .limits import DEFAULT_LIMITS, RequestLimits, check_conversation_bytes, check_reference_bytes
 from .postinference import PostInference, TurnInfo
-from .render import ChatPrompt, render_items
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import Classifier, Validator, run_classifiers, run_validators
@@ -60,18 +62,16 @@ class TurnEnv:
 
 @dataclass(slots=True)
 class _Plan:
-    """The prepared turn: validated new items and the request rendered onto the cached prompt."""
+    """The prepared turn: validated new items appended to the previous history."""
 
     new_items: list[Item]
     tools: ChatTools
     chat_tools: list | None
-    tool_choice: object
-    prompt: ChatPrompt
+    history: History
     call_ids: Set[str]
-    cached_prefix_nbytes: int
+    previous_items: int
     deployment: str | None
-    carry: dict
-    prefix_messages: int
+    carry: Mapping[str, Any]
     labels: dict[str, str]
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
@@ -84,6 +84,12 @@ class _Plan:
     previous: ResponseState | None = None
     counting: TokenCount = field(default_factory=lambda: TokenCount(None))
     tokens: tuple[str, int] | None = None
+
+    def route(self, delta: Carry | Routed) -> None:
+        """What the backend decided for the conversation's next turn."""
+        if isinstance(delta, Routed):
+            self.deployment = delta.deployment
+        self.carry = delta.carry if isinstance(delta, Routed) else delta.values
 
 
 @dataclass
@@ -167,25 +173,23 @@ class Turn:
         new_items = outcome.items
         self.result.plugin_s["check"] = stages.clock() - checked
         tools = self._chat_tools(previous)
-        sent_tools, tool_choice = chat_tool_choice(self.request.tool_choice, tools)
+        sent_tools, _ = chat_tool_choice(self.request.tool_choice, tools)  # checks the choice before inference
         if tools.dropped:
             self._hosted_tools(tools, labels, previous.deployment if previous else None)
-        base = previous.prompt if previous else ChatPrompt()
+        base = previous.history if previous else History()
         self.result.new_items = len(new_items)
-        new_messages = render_items(new_items)
-        prompt = base.extend(new_messages)
-        check_conversation_bytes(prompt.held, self.env.limits)
+        new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
+        history = base.extend(new_items)
+        check_conversation_bytes(history.held, self.env.limits)
         self._plan = _Plan(
             new_items=new_items,
             tools=tools,
             chat_tools=sent_tools,
-            tool_choice=tool_choice,
-            prompt=prompt,
+            history=history,
             call_ids=with_calls(known_calls, introduced),
-            cached_prefix_nbytes=base.nbytes,
+            previous_items=len(base),
             deployment=previous.deployment if previous else None,
-            carry=dict(previous.carry) if previous else {},
-            prefix_messages=base.count,
+            carry=previous.carry if previous else {},
             labels=labels | outcome.labels,
             base_held=base.held,
             checks=outcome,
@@ -200,10 +204,10 @@ class Turn:
         stages.mark("render")
 
     @property
-    def prompt(self) -> ChatPrompt:
-        """The conversation as rendered for the backend (after `prepare`)."""
+    def history(self) -> History:
+        """The conversation through this turn's input, as the backend gets it (after `prepare`)."""
         assert self._plan is not None, "prepare() first"
-        return self._plan.prompt
+        return self._plan.history
 
     @property
     def sent_tools(self) -> list | None:
@@ -242,17 +246,17 @@ class Turn:
         if request.generate is not False:
             backend_request = BackendRequest(
                 model=request.model,
-                prompt=plan.prompt,
+                history=plan.history,
                 instructions=request.instructions,
-                tools=plan.chat_tools,
-                tool_choice=plan.tool_choice,
+                tools=request.tools or None,
+                tool_choice=request.tool_choice,
+                chat_tools=plan.tools,
                 max_output_tokens=request.max_output_tokens,
                 options=chat_options(request),
                 responses_fields=responses_fields(request),
-                cached_prefix_nbytes=plan.cached_prefix_nbytes,
+                previous_items=plan.previous_items,
                 deployment=plan.deployment,
                 connection_id=self.connection_id,
-                prefix_messages=plan.prefix_messages,
                 carry=plan.carry,
                 stages=stages,
             )
@@ -264,6 +268,9 @@ class Turn:
                     contextlib.aclosing(gated(restored, checks)) as deltas,
                 ):
                     async for delta in deltas:
+                        if isinstance(delta, (Carry, Routed)):
+                            plan.route(delta)
+                            continue
                         if self._first_token is None:
                             self._first_token = time.monotonic()
                         for event in assembler.feed(delta):
@@ -285,9 +292,6 @@ class Turn:
                 for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
                 return
-            if not steered:
-                plan.deployment = backend_request.deployment
-                plan.carry = backend_request.carry
         try:
             await checks.outcome(plan.checks)
         except APIError as error:  # a check that does not hold the first token refused (or failed) late
@@ -417,10 +421,10 @@ class Turn:
             output_items=output,
             tools=self.request.tools or [],
             chat_tools=plan.tools,
-            prompt=plan.prompt.extend(render_items(output)),
+            history=plan.history.extend(output),
             call_ids=with_calls(plan.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
             deployment=plan.deployment,
-            carry=plan.carry,
+            carry=dict(plan.carry),
             tenant=self.tenant,
             base_held=plan.base_held,
             checks=plan.prior_checks | plan.checks.states,

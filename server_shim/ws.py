@@ -19,6 +19,7 @@ import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import metrics, tracing
+from .backends.base import ConnectionScoped
 from .errors import APIError, internal_error, invalid
 from .events import new_id
 from .items import normalize_input
@@ -89,10 +90,12 @@ class ResponsesConnection:
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
             metrics.CACHE_BYTES.dec(self.cache.nbytes)
-            try:
-                await self.shim.env.backend.release(self.id)
-            except Exception:
-                log.exception("backend failed to release connection %s", self.id)
+            backend = self.shim.env.backend
+            if isinstance(backend, ConnectionScoped):
+                try:
+                    await backend.release(self.id)
+                except Exception:
+                    log.exception("backend failed to release connection %s", self.id)
 
     async def _receive_loop(self) -> None:
         while self.state is not ConnectionState.CLOSED:

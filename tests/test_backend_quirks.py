@@ -16,11 +16,14 @@ import pytest
 from server_shim.backends import BackendRequest, Finish, OpenAICompatibleBackend, TextDelta, ToolCallDelta, Usage
 from server_shim.backends.openai_compatible import _parse_stream
 from server_shim.errors import BackendError
-from server_shim.render import ChatPrompt
+from server_shim.history import History
+
+INPUT_ESTIMATE = 5
+"""The input token estimate the backend computed from its rendered prompt, used when a server sends no usage."""
 
 
 def request() -> BackendRequest:
-    return BackendRequest(model="m", prompt=ChatPrompt().extend([{"content": "hi", "role": "user"}]))
+    return BackendRequest(model="m", history=History().extend([{"type": "message", "content": "hi", "role": "user"}]))
 
 
 async def lines(*chunks: dict[str, Any] | str) -> AsyncIterator[str]:
@@ -38,7 +41,7 @@ def finish(reason: str) -> dict[str, Any]:
 
 
 async def parse(*chunks: dict[str, Any] | str) -> list[Any]:
-    return [d async for d in _parse_stream(lines(*chunks), request())]
+    return [d async for d in _parse_stream(lines(*chunks), INPUT_ESTIMATE)]
 
 
 async def test_without_a_usage_chunk_each_token_chunk_counts_as_one_output_token() -> None:
@@ -49,7 +52,7 @@ async def test_without_a_usage_chunk_each_token_chunk_counts_as_one_output_token
 
     usage = next(d for d in deltas if isinstance(d, Usage))
     assert [d.text for d in deltas if isinstance(d, TextDelta)] == ["a", "é"]
-    assert usage.output_tokens == 3 and usage.input_tokens == request().estimate_input_tokens()
+    assert usage.output_tokens == 3 and usage.input_tokens == INPUT_ESTIMATE
 
 
 async def test_an_opening_role_chunk_with_empty_content_is_no_token_but_one_with_content_is() -> None:

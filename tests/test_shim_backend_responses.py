@@ -155,3 +155,31 @@ async def test_a_response_the_upstream_lost_is_resent_in_full_once(chained_shims
         assert a2.status == "completed"
     assert [turn["items"] for turn in seen] == [1, 1, 3]
     assert [turn["previous"] is not None for turn in seen] == [False, False, False]
+
+
+async def test_items_reach_the_upstream_as_the_client_sent_them(shims):
+    """No round trip through chat messages: content parts, developer messages, reasoning items and
+    namespace tools arrive upstream unchanged (less the ids of messages and calls, unknown upstream)."""
+    front, _, seen = shims
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be terse."}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "low"},
+            ],
+        },
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Looked at it."}]},
+        {"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A cat."}]},
+        {"type": "message", "role": "user", "content": "Thanks."},
+    ]
+    tools = [{"type": "namespace", "name": "pets", "description": "d", "tools": [{"type": "function", "name": "feed"}]}]
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client:
+        response = await client.responses.create(model="m", input=items, tools=tools, store=False)
+    assert response.status == "completed"
+    (received,) = seen
+    assert received["items"][:3] == items[:3]
+    assert received["items"][3] == {key: value for key, value in items[3].items() if key != "id"}
+    assert received["items"][4] == items[4]

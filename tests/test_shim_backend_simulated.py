@@ -7,20 +7,22 @@ import time
 
 from server_shim.backends import SimulatedBackend
 from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage
-from server_shim.render import ChatPrompt, render_items
-from server_shim.tools import chat_tools
+from server_shim.history import History
 
-LOOKUP = chat_tools([{"type": "function", "name": "lookup"}]).tools
+LOOKUP = [{"type": "function", "name": "lookup"}]
 
 
-def request(items, *, tools=None, max_output_tokens=None, cached=0, tool_choice=None, options=None) -> BackendRequest:
+def request(
+    items, *, tools=None, max_output_tokens=None, previous=(), tool_choice=None, options=None
+) -> BackendRequest:
+    """The Responses items as a turn hands them: `previous` (earlier turns), then `items` (this one)."""
     return BackendRequest(
         model="simulated-1",
-        prompt=ChatPrompt().extend(render_items(items)),
+        history=History().extend(previous).extend(items),
+        previous_items=len(previous),
         tools=tools,
         tool_choice=tool_choice,
         max_output_tokens=max_output_tokens,
-        cached_prefix_nbytes=cached,
         options=options or {},
     )
 
@@ -76,9 +78,11 @@ async def test_after_a_tool_output_the_reply_contains_that_output():
 
 
 async def test_the_cached_prefix_is_reported_as_cached_tokens():
-    deltas = await collect(SimulatedBackend(), request([user("x" * 400)], cached=200))
+    deltas = await collect(SimulatedBackend(), request([user("y" * 400)], previous=[user("x" * 400)]))
     usage = next(d for d in deltas if isinstance(d, Usage))
-    assert 0 < usage.cached_tokens <= usage.input_tokens
+    assert 0 < usage.cached_tokens < usage.input_tokens
+    first = await collect(SimulatedBackend(), request([user("x" * 400)]))
+    assert next(d for d in first if isinstance(d, Usage)).cached_tokens == 0
 
 
 async def test_time_to_first_token_and_tokens_per_second_are_honoured():
@@ -93,27 +97,25 @@ async def test_it_names_itself_a_simulator():
     assert backend.name == "simulated" and await backend.models() == ["simulated-1"]
 
 
-PATCH_AND_AGENTS = chat_tools(
-    [
-        {"type": "custom", "name": "apply_patch"},
-        {
-            "type": "namespace",
-            "name": "agents",
-            "description": "d",
-            "tools": [
-                {
-                    "type": "function",
-                    "name": "spawn",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"task": {"type": "string"}, "n": {"type": "integer", "minimum": 3}},
-                        "required": ["task", "n"],
-                    },
-                }
-            ],
-        },
-    ]
-).tools
+PATCH_AND_AGENTS = [
+    {"type": "custom", "name": "apply_patch"},
+    {
+        "type": "namespace",
+        "name": "agents",
+        "description": "d",
+        "tools": [
+            {
+                "type": "function",
+                "name": "spawn",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"task": {"type": "string"}, "n": {"type": "integer", "minimum": 3}},
+                    "required": ["task", "n"],
+                },
+            }
+        ],
+    },
+]
 
 
 def arguments(deltas):
@@ -128,7 +130,7 @@ async def test_a_custom_line_calls_the_custom_tool_with_the_rest_of_the_message_
 
 
 async def test_a_forced_tool_choice_calls_that_tool_with_arguments_valid_for_its_schema():
-    forced = {"type": "function", "function": {"name": "agents__spawn"}}
+    forced = {"type": "function", "name": "spawn", "namespace": "agents"}
     deltas = await collect(SimulatedBackend(), request([user("hi")], tools=PATCH_AND_AGENTS, tool_choice=forced))
     assert deltas[0].name == "agents__spawn"
     assert json.loads(arguments(deltas)) == {"task": "simulated", "n": 3}

@@ -14,12 +14,12 @@ from support.cassettes import replay
 from server_shim.backends import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage
 from server_shim.backends.cerebras import CerebrasBackend
 from server_shim.errors import BackendError
-from server_shim.render import ChatPrompt
+from server_shim.history import History
 
 
 def request(**fields: Any) -> BackendRequest:
-    prompt = ChatPrompt().extend([{"role": "user", "content": "Say hello"}])
-    return BackendRequest(model="llama-3.3-70b", prompt=prompt, **fields)
+    history = History().extend([{"type": "message", "role": "user", "content": "Say hello"}])
+    return BackendRequest(model="llama-3.3-70b", history=history, **fields)
 
 
 async def collect(backend: CerebrasBackend, req: BackendRequest) -> list[Any]:
@@ -42,7 +42,7 @@ async def test_text_stream_with_usage_from_the_final_chunk_and_rate_limit_header
 
 async def test_refused_parameters_are_dropped_and_tool_choice_limited_to_auto_or_none():
     backend = CerebrasBackend(api_key="test-key")
-    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
     sent: list[dict[str, Any]] = []
     with replay("cerebras_tool_call.yaml", sent):
         deltas = await collect(

@@ -12,9 +12,10 @@ import pytest
 from openai import AsyncOpenAI
 from support.wire import LOOKUP_TOOL, MODEL, TurnEvents, completed_ok, run_turn, user
 
+from server_shim.backends.chat_convert import chat_prompt
+from server_shim.history import History
 from server_shim.ledger_sinks import RedisStreamSink
 from server_shim.redis_store import RedisResponseStore, UnreadableEntry, decode_state, encode_state
-from server_shim.render import ChatPrompt, render_items
 from server_shim.state import ResponseState
 from server_shim.tools import chat_tools
 
@@ -28,7 +29,7 @@ def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -
         output_items=output,
         tools=[LOOKUP_TOOL],
         chat_tools=chat_tools([LOOKUP_TOOL]),
-        prompt=ChatPrompt().extend(render_items(items + output)),
+        history=History().extend(items).extend(output),
         call_ids=frozenset({"call_1"}),
         deployment="simulated",
         carry={"upstream": "resp_up"},
@@ -36,31 +37,30 @@ def state(response_id: str, text: str = "hello", tenant: str | None = "alice") -
     )
 
 
-def test_the_encoding_round_trips_every_field_and_the_prompt_bytes():
+def batches(state: ResponseState) -> list[bytes]:
+    """What the history list holds for a state: one JSON array per batch of items."""
+    return [orjson.dumps(batch) for batch in state.history.batch_list()]
+
+
+def test_the_encoding_round_trips_every_field_and_the_rendered_bytes():
     original = state("resp_1")
     entry = encode_state(original, "responses-ws:hist:resp_1")
-    assert entry.startswith(b"2\tresponses-ws:hist:resp_1\t2\n") and b"messages" not in entry
-    decoded = decode_state(entry, list(original.prompt.fragments))
+    assert entry.startswith(b"3\tresponses-ws:hist:resp_1\t2\n") and b"function_call" not in entry.split(b"\n")[0]
+    decoded = decode_state(entry, batches(original))
     assert decoded == original
-    assert decoded.prompt.fragments == original.prompt.fragments
-    assert decoded.prompt.encoded_messages("sys") == original.prompt.encoded_messages("sys")
+    assert chat_prompt(decoded.history).fragments == chat_prompt(original.history).fragments
+    assert chat_prompt(decoded.history).encoded_messages("sys") == chat_prompt(original.history).encoded_messages("sys")
 
 
-def v1_entry(original: ResponseState) -> bytes:
-    """What the first encoding (whole history inline) wrote: still readable after an upgrade."""
-    body = orjson.loads(encode_state(original, "unused").partition(b"\n")[2])
-    return orjson.dumps({"v": 1, **body, "messages": list(original.prompt.messages)})
-
-
-def test_every_known_version_is_read_unknown_ones_refused_and_unknown_fields_ignored():
+def test_entries_that_kept_chat_messages_read_as_absent_unknown_fields_are_ignored():
     original = state("resp_1")
-    assert decode_state(v1_entry(original)) == original
-    later = orjson.loads(v1_entry(original))
-    assert decode_state(orjson.dumps({**later, "added_later": [1, 2]})).id == "resp_1"
-    with pytest.raises(UnreadableEntry, match="version"):
-        decode_state(orjson.dumps({**later, "v": 7}))
-    with pytest.raises(UnreadableEntry, match="reads up to"):
-        decode_state(b"3\tkey\t2\n{}")
+    body = orjson.loads(encode_state(original, "unused").partition(b"\n")[2])
+    with pytest.raises(UnreadableEntry, match="older ones kept chat messages"):
+        decode_state(orjson.dumps({"v": 1, **body, "messages": []}))  # v1: the history inline as chat messages
+    with pytest.raises(UnreadableEntry, match="older ones kept chat messages"):
+        decode_state(b"2\tkey\t2\n" + orjson.dumps(body), [b"{}", b"{}"])  # v2: chat messages in the list
+    later = encode_state(original, "k").replace(b'"tenant"', b'"added_later":[1,2],"tenant"', 1)
+    assert decode_state(later, batches(original)).id == "resp_1"
     with pytest.raises(UnreadableEntry, match="expired"):
         decode_state(encode_state(original, "k"), [])
     with pytest.raises(UnreadableEntry):
@@ -96,19 +96,21 @@ async def test_a_response_over_the_entry_bound_is_not_stored(redis_server):
         await store.aclose()
 
 
-async def test_an_unreadable_entry_reads_as_absent_and_a_v1_entry_is_read(redis_server):
+async def test_an_unreadable_or_chat_only_entry_reads_as_absent_and_the_state_round_trips(redis_server):
     redis_server.command("SET", "responses-ws:resp:resp_bad", '{"v": 99}')
-    redis_server.command("SET", "responses-ws:resp:resp_old", v1_entry(state("resp_old")).decode())
+    redis_server.command("SET", "responses-ws:resp:resp_old", '{"v": 1, "messages": []}')
     store = RedisResponseStore(redis_server.url)
     try:
         assert await store.load("resp_bad", None) is None
-        assert await store.load("resp_old", "alice") == state("resp_old")
+        assert await store.load("resp_old", "alice") is None, "a v1 entry kept no items: absent, resent in full"
+        await store.save(state("resp_new"))
+        assert await store.load("resp_new", "alice") == state("resp_new")
     finally:
         await store.aclose()
 
 
 def child(parent: ResponseState, response_id: str, text: str) -> ResponseState:
-    """The next turn of `parent`, built as the turn builds it: the parent's prompt extended."""
+    """The next turn of `parent`, built as the turn builds it: the parent's history extended."""
     items = [user(text)]
     output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok " + text}]}]
     return ResponseState(
@@ -117,7 +119,7 @@ def child(parent: ResponseState, response_id: str, text: str) -> ResponseState:
         output_items=output,
         tools=[],
         chat_tools=None,
-        prompt=parent.prompt.extend(render_items(items)).extend(render_items(output)),
+        history=parent.history.extend(items).extend(output),
         call_ids=parent.call_ids,
         tenant=parent.tenant,
     )
@@ -135,19 +137,19 @@ async def test_a_conversation_appends_to_one_history_so_redis_holds_o_of_total_b
         for turn in range(1, 60):
             states.append(child(states[-1], f"resp_{turn}", f"{turn} " + "x" * 2000))
             await store.save(states[-1])
-        # one list holds the conversation's messages once; each entry holds only its own turn
+        # one list holds the conversation's batches once; each entry holds only its own turn
         assert redis_server.command("KEYS", "responses-ws:hist:*").count(b"responses-ws:hist:") == 1
         history = "responses-ws:hist:resp_0"
-        assert redis_int(redis_server, "LLEN", history) == states[-1].prompt.count == 2 + 2 * 59
+        assert redis_int(redis_server, "LLEN", history) == states[-1].history.batches == 2 + 2 * 59
         entries = sum(redis_int(redis_server, "STRLEN", f"responses-ws:resp:{s.id}") for s in states)
-        assert entries < 3 * states[-1].prompt.nbytes  # its items and response; a history copy per turn: ~30x
+        assert entries < 3 * states[-1].history.nbytes  # its items and response; a history copy per turn: ~30x
         for s in (states[0], states[30], states[-1]):
-            assert (await other.load(s.id, "alice")).prompt == s.prompt
+            assert (await other.load(s.id, "alice")).history == s.history
         # another process that loaded the tip appends to the same list
         follow = child(states[-1], "resp_next", "more")
         await other.save(follow)
-        assert redis_int(redis_server, "LLEN", history) == follow.prompt.count
-        assert (await store.load("resp_next", "alice")).prompt == follow.prompt
+        assert redis_int(redis_server, "LLEN", history) == follow.history.batches
+        assert (await store.load("resp_next", "alice")).history == follow.history
     finally:
         await store.aclose()
         await other.aclose()
@@ -161,10 +163,10 @@ async def test_a_fork_gets_its_own_history_and_both_branches_read_back(redis_ser
         left, right = child(root, "resp_left", "left"), child(root, "resp_right", "right")
         await store.save(left)
         await store.save(right)  # the list already continues with `left`: `right` starts its own
-        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_root") == left.prompt.count
-        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_right") == right.prompt.count
+        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_root") == left.history.batches
+        assert redis_int(redis_server, "LLEN", "responses-ws:hist:resp_right") == right.history.batches
         for s in (root, left, right):
-            assert (await store.load(s.id, "alice")).prompt == s.prompt
+            assert (await store.load(s.id, "alice")).history == s.history
     finally:
         await store.aclose()
 

@@ -9,7 +9,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
-from server_shim.render import ChatPrompt, encode, render_items
+from server_shim.backends.chat_convert import ChatPrompt, encode, render_items
 
 MESSAGE = TypeAdapter(ChatCompletionMessageParam)
 

@@ -1,4 +1,6 @@
-"""The router: sticky routes, fast lane, failover before the first token, circuit breaker."""
+"""The router: sticky routes, fast lane, failover before the first token, circuit breaker.
+
+Time is a number these tests advance (the router's injected clock): nothing sleeps."""
 
 from __future__ import annotations
 
@@ -7,11 +9,24 @@ from collections.abc import AsyncIterator
 import pytest
 
 from server_shim.backends import BackendRequest, SimulatedBackend, TextDelta
-from server_shim.backends.base import Delta
+from server_shim.backends.base import Delta, Routed
 from server_shim.config import RoutingConfig
 from server_shim.errors import BackendError
-from server_shim.render import ChatPrompt
+from server_shim.history import History
 from server_shim.router import Deployment, Health, Router
+
+
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class Flaky:
@@ -31,9 +46,6 @@ class Flaky:
             raise BackendError(f"{self.name} down")
         return [self.name]
 
-    async def release(self, connection_id: str) -> None:
-        return None
-
     async def aclose(self) -> None:
         return None
 
@@ -48,7 +60,7 @@ class Flaky:
                 raise BackendError(f"{self.name} cut the stream")
 
 
-def router(*backends: Flaky, priorities: tuple[int, ...] = (), **routing: object) -> Router:
+def router(*backends: Flaky, priorities: tuple[int, ...] = (), clock: Clock | None = None, **routing: object) -> Router:
     config = RoutingConfig(**{"failure_threshold": 2, "cooldown_s": 0.2, **routing})
     deployments = [
         Deployment(
@@ -60,34 +72,44 @@ def router(*backends: Flaky, priorities: tuple[int, ...] = (), **routing: object
         )
         for i, b in enumerate(backends)
     ]
-    return Router(deployments, config)
+    return Router(deployments, config, clock=clock or Clock())
 
 
 def request(deployment: str | None = None) -> BackendRequest:
-    prompt = ChatPrompt().extend([{"role": "user", "content": "hi"}])
-    return BackendRequest(model="m", prompt=prompt, max_output_tokens=3, deployment=deployment)
+    history = History().extend([{"type": "message", "role": "user", "content": "hi"}])
+    return BackendRequest(model="m", history=history, max_output_tokens=3, deployment=deployment)
+
+
+async def run(router: Router, req: BackendRequest) -> tuple[str, str]:
+    """The text, and the deployment the router's decision (`Routed`, its last delta) names."""
+    deltas = [d async for d in router.stream(req)]
+    assert isinstance(deltas[-1], Routed), "the router yields its decision last"
+    return "".join(d.text for d in deltas if isinstance(d, TextDelta)), deltas[-1].deployment
 
 
 async def text(router: Router, req: BackendRequest) -> str:
-    return "".join([d.text async for d in router.stream(req) if isinstance(d, TextDelta)])
+    return (await run(router, req))[0]
+
+
+async def served_by(router: Router, req: BackendRequest) -> str:
+    return (await run(router, req))[1]
 
 
 async def test_routes_by_priority_and_reports_the_deployment_used():
     gpu, cloud = Flaky("gpu"), Flaky("cloud")
     r = router(gpu, cloud, priorities=(1, 5))
     req = request()
-    assert await text(r, req)
-    assert req.deployment == "cloud"
+    assert await served_by(r, req) == "cloud"
+    assert req.deployment is None, "the router writes nothing into the request"
     assert (gpu.calls, cloud.calls) == (0, 1)
 
 
 async def test_sticky_route_is_reused_without_resolving_again():
     a, b = Flaky("a"), Flaky("b")
     r = router(a, b)
-    first = request()
-    await text(r, first)
+    first = await served_by(r, request())
     for _ in range(5):
-        await text(r, request(deployment=first.deployment))
+        await text(r, request(deployment=first))
     assert r.stats.resolutions == 1
     assert r.stats.sticky_reuses == 5
 
@@ -95,10 +117,9 @@ async def test_sticky_route_is_reused_without_resolving_again():
 async def test_failure_before_first_token_fails_over_and_output_is_not_duplicated():
     a, b = Flaky("a", fail_times=1), Flaky("b")
     r = router(a, b)
-    req = request()
-    out = await text(r, req)
+    out, deployment = await run(r, request())
     assert out == "simulated reply from "
-    assert req.deployment == "b"
+    assert deployment == "b"
     assert r.stats.failovers == 1
 
 
@@ -115,36 +136,33 @@ async def test_failure_after_first_token_surfaces_instead_of_retrying():
 
 
 async def test_breaker_opens_after_consecutive_failures_and_recovers_after_cooldown():
-    import asyncio
-
+    clock = Clock()
     a, b = Flaky("a", fail_times=2), Flaky("b")
-    r = router(a, b)
+    r = router(a, b, clock=clock)
     await text(r, request())
     await text(r, request())
-    assert r.deployments["a"].health.state == "open"
+    assert r.deployments["a"].health.state(clock()) == "open"
     await text(r, request())
     assert a.calls == 2, "an open breaker is skipped"
-    await asyncio.sleep(0.25)
-    req = request()
-    await text(r, req)
-    assert req.deployment == "a"
-    assert r.deployments["a"].health.state == "closed"
+    clock.advance(0.19)
+    assert await served_by(r, request()) == "b", "still open just before the cooldown ends"
+    clock.advance(0.01)
+    assert r.deployments["a"].health.state(clock()) == "half_open"
+    assert await served_by(r, request()) == "a"
+    assert r.deployments["a"].health.state(clock()) == "closed"
 
 
 async def test_sticky_route_moves_when_its_deployment_fails():
     a, b = Flaky("a", fail_times=10), Flaky("b")
     r = router(b, a)
-    req = request(deployment="a")
-    await text(r, req)
-    assert req.deployment == "b"
+    assert await served_by(r, request(deployment="a")) == "b"
 
 
 async def test_fast_lane_preferred_while_healthy_then_gpu():
     gpu, fast = Flaky("gpu"), Flaky("fast", fail_times=100, status=503)
     r = router(gpu, fast, priorities=(10, 0), fast_lane={"m": "fast"})
-    req = request()
-    await text(r, req)
-    assert fast.calls == 1 and req.deployment == "gpu"
+    assert await served_by(r, request()) == "gpu"
+    assert fast.calls == 1
     await text(r, request())
     assert fast.calls == 2
     await text(r, request())
@@ -152,16 +170,14 @@ async def test_fast_lane_preferred_while_healthy_then_gpu():
 
 
 async def test_rate_limited_deployment_is_skipped_until_its_reset():
-    import asyncio
-
+    clock = Clock()
     fast, gpu = Flaky("fast", fail_times=1, status=429), Flaky("gpu")
-    r = router(fast, gpu, fast_lane={"m": "fast"})
-    await text(r, request())
-    assert not r.deployments["fast"].health.available
-    await asyncio.sleep(0.1)
-    req = request()
-    await text(r, req)
-    assert req.deployment == "fast"
+    r = router(fast, gpu, fast_lane={"m": "fast"}, clock=clock)
+    assert await served_by(r, request()) == "gpu"
+    assert not r.deployments["fast"].health.available(clock())
+    assert r.deployments["fast"].health.state(clock()) == "closed", "a 429 pauses, it is no failure"
+    clock.advance(0.05)  # the 429's retry delay
+    assert await served_by(r, request()) == "fast"
 
 
 async def test_least_latency_policy_prefers_the_faster_deployment():
@@ -169,9 +185,7 @@ async def test_least_latency_policy_prefers_the_faster_deployment():
     r = router(slow, quick, policy="least_latency")
     r.deployments["slow"].health.success(ttft_s=0.5)
     r.deployments["quick"].health.success(ttft_s=0.01)
-    req = request()
-    await text(r, req)
-    assert req.deployment == "quick"
+    assert await served_by(r, request()) == "quick"
 
 
 async def test_health_checks_close_and_open_breakers():
@@ -179,10 +193,10 @@ async def test_health_checks_close_and_open_breakers():
     r = router(a, failure_threshold=1)
     a.models_ok = False
     assert await r.check_health() == {"a": False}
-    assert r.deployments["a"].health.state == "open"
+    assert r.deployments["a"].health.state(r.clock()) == "open"
     a.models_ok = True
     assert await r.check_health() == {"a": True}
-    assert r.deployments["a"].health.available
+    assert r.deployments["a"].health.available(r.clock())
 
 
 async def test_no_deployment_for_the_model_is_a_clear_error():

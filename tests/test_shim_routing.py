@@ -153,7 +153,8 @@ async def test_llama_killed_mid_run_fails_over_to_the_simulator_then_recovers(ll
             llama.process = None
             llama.start()
             deadline = time.monotonic() + 10
-            while not router(server).deployments["llama"].health.available and time.monotonic() < deadline:
+            llama_health = router(server).deployments["llama"].health
+            while not llama_health.available(time.monotonic()) and time.monotonic() < deadline:
                 await __import__("asyncio").sleep(0.1)
             fresh = await turn(conn, "local", "a new conversation")
             assert "simulated" not in fresh.response.output_text, "the health check closed llama's breaker"

@@ -13,7 +13,8 @@ from openai import AsyncOpenAI, NotFoundError
 from support.wire import API_KEY, MODEL, completed_ok, only_connection, recv_event, run_turn, send_raw, user, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
-from server_shim.render import ChatPrompt, render_items
+from server_shim.backends.chat_convert import chat_prompt
+from server_shim.history import History
 from server_shim.state import ChainLedger, ConnectionCache, MemoryResponseStore, ResponseState
 from server_shim.tools import ChatTools
 
@@ -25,7 +26,7 @@ def state(response_id: str, text: str = "x") -> ResponseState:
         output_items=[],
         tools=[],
         chat_tools=ChatTools(),
-        prompt=ChatPrompt().extend(render_items([user(text)])),
+        history=History().extend([user(text)]),
         call_ids=frozenset(),
     )
 
@@ -168,11 +169,12 @@ async def test_chaining_works_with_and_without_store(client, server, store):
 def chain(length: int, output_bytes: int = 4096) -> list[ResponseState]:
     """A conversation of `length` turns, each adding a 4 KB tool output, built the way turns build it."""
     states: list[ResponseState] = []
-    prompt = ChatPrompt()
+    history = History()
     for n in range(length):
-        base = prompt
+        base = history
         items = [user(f"step {n}"), {"type": "function_call_output", "call_id": f"c{n}", "output": "o" * output_bytes}]
-        prompt = base.extend(render_items(items[:1])).extend([{"content": items[1]["output"], "role": "user"}])
+        history = base.extend(items)
+        chat_prompt(history)  # what a chat backend renders on the turn, cached with the history
         parent = states[-1].id if states else None
         states.append(
             ResponseState(
@@ -181,7 +183,7 @@ def chain(length: int, output_bytes: int = 4096) -> list[ResponseState]:
                 output_items=[],
                 tools=[],
                 chat_tools=ChatTools(),
-                prompt=prompt,
+                history=history,
                 call_ids=frozenset(),
                 base_held=base.held,
             )
@@ -197,7 +199,7 @@ def test_a_chain_is_counted_once_not_once_per_turn():
     per_turn = states[-1].own_bytes
     assert per_turn > 4096, "the footprint counts the output itself"
     assert ledger.total < 400 * per_turn * 1.2, "O(total bytes)"
-    assert states[-1].size > states[-1].prompt.held > 400 * 2 * 4096, "alone, the newest holds the whole history"
+    assert states[-1].size > states[-1].history.held > 400 * 2 * 4096, "alone, the newest holds the whole history"
 
 
 def test_evicting_a_parent_charges_its_child_with_the_history_it_still_holds():

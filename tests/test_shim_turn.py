@@ -14,6 +14,7 @@ from support.wire import API_KEY, MODEL, completed_ok, only_connection, recv_eve
 
 from server_shim.backends import SimulatedBackend
 from server_shim.backends.base import BackendRequest, Delta, Finish, TextDelta, Usage
+from server_shim.backends.chat_convert import ChatPrompt, chat_prompt
 from server_shim.errors import APIError
 from server_shim.requests import CreateRequest
 from server_shim.state import ConnectionCache, MemoryResponseStore
@@ -27,6 +28,8 @@ class ScriptedBackend:
 
     def __init__(self, *, explode: bool = False, endless: bool = False) -> None:
         self.requests: list[BackendRequest] = []
+        self.prompts: list[ChatPrompt] = []
+        """What a chat backend renders, in the stream as a chat backend does."""
         self.explode = explode
         self.endless = endless
         self.closed = 0
@@ -34,14 +37,12 @@ class ScriptedBackend:
     async def models(self) -> list[str]:
         return [MODEL]
 
-    async def release(self, connection_id: str) -> None:
-        return None
-
     async def aclose(self) -> None:
         return None
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
         self.requests.append(request)
+        self.prompts.append(chat_prompt(request.history))
         try:
             yield TextDelta("one ")
             if self.explode:
@@ -78,7 +79,7 @@ async def test_the_validator_sees_only_the_new_items_and_the_previous_state():
     assert seen[1][1].id == first.result.response["id"]
 
 
-async def test_the_new_items_are_appended_to_the_cached_prompt_without_re_encoding_it():
+async def test_the_backend_gets_the_items_and_a_chat_rendering_continues_the_cached_one():
     backend = ScriptedBackend()
     turn_env = env(backend)
     cache = ConnectionCache(10, 10**9)
@@ -88,10 +89,14 @@ async def test_the_new_items_are_appended_to_the_cached_prompt_without_re_encodi
     second = Turn(CreateRequest(model=MODEL, input=[user("b")], previous_response_id=parent.id), turn_env, cache)
     await drive(second)
     sent = backend.requests[1]
-    assert sent.cached_prefix_nbytes == parent.prompt.nbytes
-    n = len(parent.prompt.fragments)
-    assert all(a is b for a, b in zip(sent.prompt.fragments[:n], parent.prompt.fragments, strict=True))
-    assert [m["role"] for m in sent.prompt.messages] == ["user", "assistant", "user"]
+    assert sent.previous_items == len(parent.history) == 2
+    assert all(a is b for a, b in zip(sent.history.items, parent.history.items, strict=False)), "items are shared"
+    assert [item["type"] for item in sent.history.items] == ["message", "message", "message"]
+    assert sent.new_items == (user("b"),)
+    rendered_first, rendered = backend.prompts
+    n = len(rendered_first.fragments)
+    assert all(a is b for a, b in zip(rendered.fragments[:n], rendered_first.fragments, strict=True)), "no re-encoding"
+    assert [m["role"] for m in rendered.messages] == ["user", "assistant", "user"]
 
 
 async def test_a_refusing_validator_stops_the_turn_before_anything_changes():
@@ -114,7 +119,7 @@ async def test_a_warm_up_runs_no_inference_but_caches_its_state():
     events = await drive(turn)
     assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.completed"]
     assert backend.requests == []
-    assert cache.get(turn.result.response["id"]).prompt.messages == ({"content": "ctx", "role": "user"},)
+    assert cache.get(turn.result.response["id"]).history.items == (user("ctx"),)
 
 
 async def test_a_backend_bug_fails_the_turn_instead_of_escaping_it():

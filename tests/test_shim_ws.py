@@ -28,6 +28,8 @@ from support.wire import (
 )
 from websockets.asyncio.client import connect as ws_connect
 
+from server_shim.backends.chat_convert import chat_prompt
+
 # --- the normal stream ---------------------------------------------------------------------------
 
 
@@ -121,8 +123,9 @@ async def test_twenty_chained_turns_deliver_only_the_new_items_each_turn(client,
         connection = only_connection(server)
         assert len(connection.cache) == 20
         last = connection.cache.get(previous_id)
-        # the cached prompt holds the whole history: 20 turns of one new item plus one output item each
-        assert len(last.prompt.messages) == 40
+        # the cached history holds the whole conversation: 20 turns of one new item plus one output item each
+        assert len(last.history) == 40
+        assert len(chat_prompt(last.history).messages) == 40
     assert len(recorder.calls) == 20
     assert server.shim.stats.input_items_received == sent_total == 20
     assert server.shim.stats.turns == 20
@@ -146,7 +149,8 @@ async def test_warm_up_with_generate_false_runs_no_inference_and_can_be_chained(
         assert recorder.last.items == [user("hello")]
         assert recorder.last.previous_id == warm.id
         state = only_connection(server).cache.get(turn.id)
-        assert [m["role"] for m in state.prompt.messages] == ["system", "user", "assistant"]
+        assert [m["role"] for m in chat_prompt(state.history).messages] == ["system", "user", "assistant"]
+        assert state.history.items[0]["role"] == "developer", "the items keep their role; chat renders it"
 
 
 # --- stream_id lanes -----------------------------------------------------------------------------
@@ -246,7 +250,10 @@ async def test_a_stored_response_is_loaded_by_a_second_connection(client, server
         completed_ok(turn)
         assert recorder.last.previous_id == first.id
         state = only_connection(server).cache.get(turn.id)
-        assert [m["content"] for m in state.prompt.messages if m["role"] == "user"] == ["remember me", "and now?"]
+        assert [m["content"] for m in chat_prompt(state.history).messages if m["role"] == "user"] == [
+            "remember me",
+            "and now?",
+        ]
 
 
 async def test_an_unstored_response_is_not_visible_from_another_connection(client, server):
@@ -391,7 +398,7 @@ async def test_bad_input_gets_a_specific_error_and_the_connection_continues_its_
         first = await run_turn(conn, input=[user("before")], store=False)
         connection = only_connection(server)
         cached_before = connection.cache.ids()
-        prompt_before = connection.cache.get(first.id).prompt
+        history_before = connection.cache.get(first.id).history
         calls_before = len(recorder.calls)
 
         await send_raw(conn, frame)
@@ -404,7 +411,7 @@ async def test_bad_input_gets_a_specific_error_and_the_connection_continues_its_
         assert error["error"]["message"]
 
         assert connection.cache.ids() == cached_before, "a refused request changed the cache"
-        assert connection.cache.get(first.id).prompt is prompt_before
+        assert connection.cache.get(first.id).history is history_before
         assert len(recorder.calls) <= calls_before + 1
 
         after = await run_turn(conn, input=[user("after")], previous_response_id=first.id, store=False)

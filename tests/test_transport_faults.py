@@ -35,7 +35,7 @@ class FlakyBackend(SimulatedBackend):
     """The simulator, except that a user message containing `FAIL <status>` fails after one token."""
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Delta]:
-        match = re.search(r"FAIL (\d+)", str(request.prompt.messages[-1].get("content")))
+        match = re.search(r"FAIL (\d+)", str(request.history.items[-1].get("content")))
         if match is None:
             async for delta in super().stream(request):
                 yield delta

@@ -1,63 +1,64 @@
-"""The backend protocol: a rendered chat request in, a stream of deltas out."""
+"""The backend protocol: Responses items in, a stream of deltas out; optional abilities as their own protocols."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import orjson
 
-from ..render import ChatPrompt, encode
-from ..stages import StageClock
+from ..history import History
+
+if TYPE_CHECKING:
+    from ..stages import StageClock
+    from ..tools import ChatTools
+    from .rate_limits import RateLimitState
 
 
 @dataclass(slots=True)
 class BackendRequest:
-    """A Chat Completions request whose message history is already encoded."""
+    """One turn for a backend: the conversation as Responses items, and the request's settings.
+
+    A backend converts what it needs itself: chat backends render `history` into messages
+    (`chat_convert.chat_prompt`, which continues the rendering cached for the previous turn), a
+    `responses` upstream sends the items, `tools`, `tool_choice` and `responses_fields` as they are.
+    """
 
     model: str
-    prompt: ChatPrompt
+    history: History
+    """The whole conversation through this turn's input: earlier turns' input and output items, then the new ones."""
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
+    """Responses tool definitions as the client sent them (checked by the turn)."""
     tool_choice: Any = None
+    """The Responses `tool_choice` as the client sent it (checked against `tools`)."""
+    chat_tools: ChatTools | None = None
+    """`tools` as a chat backend sends them, cached with the conversation (`tools.chat_tools`)."""
     max_output_tokens: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """Further Chat Completions fields (`request_fields.chat_options`)."""
     responses_fields: dict[str, Any] = field(default_factory=dict)
     """The same fields as the client sent them, for a `responses` upstream (`request_fields.responses_fields`)."""
-    cached_prefix_nbytes: int = 0
-    """Bytes of the history already sent on an earlier turn: the part a prefix cache can reuse."""
+    previous_items: int = 0
+    """How many items of `history` the previous turn already had (its input and output)."""
     deployment: str | None = None
-    """The conversation's route: in, the previous turn's deployment; out, the one that served."""
+    """The deployment that served the previous turn (the conversation's sticky route), for the router."""
     connection_id: str | None = None
     """The client connection this turn runs on (None over HTTP), for backends that keep state per connection."""
-    prefix_messages: int = 0
-    """How many messages of `prompt` the previous turn already had (its input and output)."""
-    carry: dict[str, Any] = field(default_factory=dict)
-    """What a backend keeps for the conversation between turns (an upstream response id, say):
-    in, the previous turn's; out, this turn's. Empty when the route changed deployment."""
+    carry: Mapping[str, Any] = field(default_factory=dict)
+    """What this backend kept for the conversation on its previous turn (its `Carry`); empty when the
+    previous turn ran on another deployment."""
     stages: StageClock | None = None
     """The turn's stage clock: a router marks the end of `route` on it; backends leave it alone."""
 
-    def body(self, *, stream: bool = True, extra: dict[str, Any] | None = None) -> bytes:
-        """The Chat Completions JSON body; the history is joined from cached bytes."""
-        fields: dict[str, Any] = {"model": self.model, "stream": stream, **self.options}
-        if stream:
-            fields["stream_options"] = {"include_usage": True}
-        if self.tools:
-            fields["tools"] = self.tools
-            if self.tool_choice is not None:
-                fields["tool_choice"] = self.tool_choice
-        if self.max_output_tokens is not None:
-            fields["max_tokens"] = self.max_output_tokens
-        if extra:
-            fields.update(extra)
-        head = encode(fields)
-        return head[:-1] + b',"messages":' + self.prompt.encoded_messages(self.instructions) + b"}"
+    @property
+    def new_items(self) -> tuple[dict[str, Any], ...]:
+        """The items after the previous turn's: this turn's input."""
+        return self.history.after(self.previous_items)
 
     def estimate_input_tokens(self) -> int:
-        return estimate_tokens(self.prompt.nbytes + len(self.instructions or ""))
+        return estimate_tokens(self.history.nbytes + len(self.instructions or ""))
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,17 +98,37 @@ class Finish:
     reason: str
 
 
-Delta = TextDelta | ToolCallDelta | Usage | Finish
+@dataclass(slots=True, frozen=True)
+class Carry:
+    """What a backend keeps for the conversation's next turn (an upstream response id, say).
+
+    Yielded once, anywhere in the stream, by a backend that needs it; the next turn of the conversation
+    gets it back as `request.carry` while it stays on the same deployment.
+    """
+
+    values: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Routed:
+    """The router's decision, yielded after a turn's last delta: the deployment that served it and
+    what its backend carries. The turn stores both with the response, for the next turn."""
+
+    deployment: str
+    carry: Mapping[str, Any]
+
+
+Delta = TextDelta | ToolCallDelta | Usage | Finish | Carry | Routed
 
 
 class Backend(Protocol):
-    """One inference backend.
+    """One inference backend: `stream` and `aclose`, plus `models` for `/v1/models` and health checks.
 
     `stream` yields deltas for one request and raises `BackendError` when the backend is
     unreachable, answers with an error status, or ends the stream before finishing. It must
-    release its HTTP resources when the consumer stops early. `release` is called when a client
-    connection ends, for what the backend kept for it. `aclose` releases pooled connections;
-    the backend is unusable afterwards.
+    release its HTTP resources when the consumer stops early (the generator is closed).
+    `aclose` releases pooled connections; the backend is unusable afterwards. Optional
+    abilities are the protocols below; the server checks for them with `isinstance`.
     """
 
     name: str
@@ -116,9 +137,51 @@ class Backend(Protocol):
 
     async def models(self) -> list[str]: ...
 
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ConnectionScoped(Protocol):
+    """A backend that keeps state per client connection: `release` is called when one ends."""
+
     async def release(self, connection_id: str) -> None: ...
 
-    async def aclose(self) -> None: ...
+
+@runtime_checkable
+class ServesModels(Protocol):
+    """A backend that knows which public model names it serves; others are refused (404) before a turn starts."""
+
+    def serves_model(self, model: str) -> bool: ...
+
+
+@runtime_checkable
+class HostedToolPolicy(Protocol):
+    """A backend whose deployments differ in what they do with hosted tools: the policy (`drop`, `refuse`,
+    `pass`) of the deployment a conversation's next turn will most likely run on."""
+
+    def hosted_policy(self, model: str, sticky: str | None) -> str: ...
+
+
+@runtime_checkable
+class HasBackgroundWork(Protocol):
+    """A backend with work of its own while the server runs (health checks): the app's lifespan awaits
+    `start` once before serving; it must return promptly (a bounded wait at most)."""
+
+    async def start(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsStatus(Protocol):
+    """A backend whose state `/readyz` shows: `status()` maps a part's name to its state, `available` among it."""
+
+    def status(self) -> dict[str, dict[str, object]]: ...
+
+
+@runtime_checkable
+class ReportsRateLimits(Protocol):
+    """A backend that reads its server's rate-limit headers, so the router can skip it before a 429."""
+
+    rate_limit: RateLimitState
 
 
 BackendFactory = Callable[..., Backend]
@@ -136,3 +199,8 @@ def estimate_tokens(nbytes: int) -> int:
 
 def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
+
+
+def encode(value: Any) -> bytes:
+    """Canonical JSON (sorted keys): the same value always encodes to the same bytes."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)

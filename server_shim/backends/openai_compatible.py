@@ -2,6 +2,8 @@
 
 What differs between those servers, and how this module copes (measured against
 llama-cpp-python 0.3.36; the others from their documentation):
+- Conversion: the turn's Responses items become chat messages in `chat_convert`, continuing
+  the rendering cached for the previous turn, so only the new items are rendered and encoded.
 - Usage: some servers send a usage chunk when asked (`stream_options.include_usage`),
   llama.cpp never does. Without one, output tokens are counted as the chunks that carried
   content or a tool-call piece (these servers stream one token per chunk; llama.cpp sends
@@ -33,6 +35,7 @@ import orjson
 from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
+from .chat_convert import ChatPrompt, chat_body, chat_prompt, chat_tools_and_choice
 from .pooled import PooledHTTPBackend
 from .sse import bounded_lines
 
@@ -66,14 +69,16 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
         """Cleared, for good, the first time the server refuses `stream_options`."""
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
+        prompt = chat_prompt(request.history)
+        input_estimate = estimate_tokens(prompt.nbytes + len(request.instructions or ""))
         try:
             while True:
                 with_options = self.sends_stream_options
-                body = self._body(request, with_options)
+                body = self._body(request, prompt, with_options)
                 async with self._client.stream("POST", "/chat/completions", content=body) as response:
                     self.rate_limit.update(response.headers)
                     if response.status_code == 200:
-                        async for delta in _parse_stream(bounded_lines(response.aiter_bytes()), request):
+                        async for delta in _parse_stream(bounded_lines(response.aiter_bytes()), input_estimate):
                             yield delta
                         return
                     error = await self._status_error(response)
@@ -85,26 +90,25 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
         except httpx2.HTTPError as exc:
             raise BackendError(f"backend {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
 
-    def _body(self, request: BackendRequest, with_stream_options: bool) -> bytes:
+    def _body(self, request: BackendRequest, prompt: ChatPrompt, with_stream_options: bool) -> bytes:
         """The request body with this deployment's quirks applied."""
         quirks = self.quirks
+        extra: dict[str, Any] = {} if with_stream_options else {"stream": True}
         if quirks.drop_params:
             dropped = [key for key in quirks.drop_params if key in request.options]
             if dropped:
                 log.debug("%s: dropping %s, which this backend refuses", self.name, dropped)
                 request = replace(request, options={k: v for k, v in request.options.items() if k not in dropped})
-        choice = request.tool_choice
+        tools, choice = chat_tools_and_choice(request)
         if quirks.tool_choice is not None and choice is not None:
             mode = choice if isinstance(choice, str) else "named"
             if mode not in quirks.tool_choice:
                 log.debug("%s: tool_choice %r unsupported here, sending 'auto'", self.name, mode)
-                request = replace(request, tool_choice="auto")
-        if with_stream_options:
-            return request.body(stream=True)
-        return request.body(stream=False, extra={"stream": True})
+                choice = "auto"
+        return chat_body(request, prompt, tools, choice, stream=with_stream_options, extra=extra)
 
 
-async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> AsyncGenerator[Delta, None]:
+async def _parse_stream(lines: AsyncIterator[str], input_estimate: int) -> AsyncGenerator[Delta, None]:
     """Turn SSE chunk lines into deltas; count tokens ourselves when the backend sends no usage."""
     finish: str | None = None
     usage: Usage | None = None
@@ -144,7 +148,7 @@ async def _parse_stream(lines: AsyncIterator[str], request: BackendRequest) -> A
                 finish = choice["finish_reason"]
     if not done and finish is None:
         raise BackendError("backend stream ended before the response finished")
-    yield usage or Usage(request.estimate_input_tokens(), max(pieces, estimate_tokens(output_chars)), estimated=True)
+    yield usage or Usage(input_estimate, max(pieces, estimate_tokens(output_chars)), estimated=True)
     yield Finish("tool_calls" if saw_calls and finish in (None, "stop") else finish or "stop")
 
 

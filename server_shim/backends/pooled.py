@@ -35,9 +35,6 @@ class PooledHTTPBackend:
             limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
-    async def release(self, connection_id: str) -> None:
-        return None
-
     async def aclose(self) -> None:
         await self._client.aclose()
 

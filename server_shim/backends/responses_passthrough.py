@@ -1,14 +1,21 @@
 """Upstreams that speak `/v1/responses` themselves (vLLM, OpenAI, another shim).
 
-Over HTTP (the default) the upstream gets the whole conversation each turn as Responses input
-items with `store: false`, so nothing depends on its own response store (vLLM's is an
-in-process dict, gone on restart).
+The items go upstream as the turn has them, with no conversion: content parts, `developer`
+messages, reasoning items and every other item type arrive as the client sent them. Only the
+`id` of messages, calls and call outputs is dropped: those ids are the shim's own (or the
+client's), unknown upstream, and a `store: false` upstream refuses an id it never stored.
+Tools, `tool_choice` and the other request fields pass as the client sent them, so an
+upstream runs hosted and namespace tools itself.
+
+Over HTTP (the default) the upstream gets the whole conversation each turn with
+`store: false`, so nothing depends on its own response store (vLLM's is an in-process dict,
+gone on restart).
 
 With `websocket=True`, each client connection of the shim gets one upstream WebSocket of its
 own, opened on its first turn and closed when the client connection ends. A conversation then
 continues upstream with `previous_response_id` and only its new items, the upstream's response
-id kept in the turn's `carry`; when the upstream has lost that response, the turn is resent
-once in full. Turns of one client connection take the upstream socket one at a time.
+id kept for the next turn (yielded as `Carry`); when the upstream has lost that response, the
+turn is resent once in full. Turns of one client connection take the upstream socket one at a time.
 """
 
 from __future__ import annotations
@@ -24,8 +31,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import BackendError
-from ..render import encode
-from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, loads
+from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, loads
 from .pooled import PooledHTTPBackend
 from .sse import bounded_lines
 
@@ -91,7 +97,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                 if not reader.done:  # stopped mid-response: the socket still holds its events
                     self._drop(connection_id)
                 raise
-            request.carry[UPSTREAM_RESPONSE_ID] = reader.response_id
+            yield Carry({UPSTREAM_RESPONSE_ID: reader.response_id})
 
     async def _read(self, upstream: _Upstream, reader: _EventReader) -> AsyncGenerator[Delta, None]:
         while not reader.done:
@@ -128,48 +134,35 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
 
 def responses_body(request: BackendRequest, *, previous: str | None = None, websocket: bool = False) -> bytes:
     """A `/v1/responses` request for the conversation: whole, or its new items after `previous`."""
-    messages = request.prompt.messages[request.prefix_messages :] if previous else request.prompt.messages
+    items = request.new_items if previous else request.history.items
     body: dict[str, Any] = {"type": "response.create"} if websocket else {"stream": True}
-    body.update(model=request.model, input=to_items(messages), **request.responses_fields, store=False)
+    body.update(
+        model=request.model, input=[upstream_item(item) for item in items], **request.responses_fields, store=False
+    )
     if previous:
         body["previous_response_id"] = previous
     if request.instructions:
         body["instructions"] = request.instructions
     if request.tools:
-        body["tools"] = [{"type": "function", **tool["function"]} for tool in request.tools]
+        body["tools"] = request.tools
         if request.tool_choice is not None:
-            choice = request.tool_choice
-            body["tool_choice"] = (
-                choice if isinstance(choice, str) else {"type": "function", "name": choice["function"]["name"]}
-            )
+            body["tool_choice"] = request.tool_choice
     if request.max_output_tokens is not None:
         body["max_output_tokens"] = request.max_output_tokens
     return encode(body)
 
 
-def to_items(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
-    """Chat messages back to Responses input items."""
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            items.append(
-                {"type": "function_call_output", "call_id": message["tool_call_id"], "output": message["content"]}
-            )
-            continue
-        if message.get("content"):
-            items.append({"type": "message", "role": role, "content": message["content"]})
-        for call in message.get("tool_calls") or ():
-            function = call["function"]
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call["id"],
-                    "name": function["name"],
-                    "arguments": function["arguments"],
-                }
-            )
-    return items
+ID_DROPPED = frozenset(
+    {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
+)
+CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+
+
+def upstream_item(item: dict[str, Any]) -> dict[str, Any]:
+    """The item as the upstream gets it: unchanged, less the `id` of a message, call or call output."""
+    if "id" in item and item.get("type", "message") in ID_DROPPED:
+        return {key: value for key, value in item.items() if key != "id"}
+    return item
 
 
 async def _data_lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -193,11 +186,17 @@ class _EventReader:
             self.response_id = event["response"]["id"]
         elif kind == "response.output_text.delta":
             return [TextDelta(event["delta"])]
-        elif kind == "response.output_item.added" and event["item"].get("type") == "function_call":
+        elif kind == "response.output_item.added" and event["item"].get("type") in CALL_ITEMS:
             item = event["item"]
+            custom = item["type"] == "custom_tool_call"
             self.calls.add(event["output_index"])
-            return [ToolCallDelta(event["output_index"], item.get("arguments") or "", item["call_id"], item["name"])]
-        elif kind == "response.function_call_arguments.delta":
+            opening = item.get("input" if custom else "arguments") or ""
+            return [
+                ToolCallDelta(
+                    event["output_index"], opening, item["call_id"], item["name"], item.get("namespace"), custom=custom
+                )
+            ]
+        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
             return [ToolCallDelta(event["output_index"], event["delta"])]
         elif kind in ("response.completed", "response.incomplete"):
             self.done = True

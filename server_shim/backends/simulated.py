@@ -28,7 +28,8 @@ import zlib
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
-from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens
+from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, estimate_tokens
+from .chat_convert import ChatPrompt, chat_prompt, chat_tools_and_choice, render_items
 from .json_instance import json_instance
 
 DEFAULT_TOKENS = 16
@@ -60,32 +61,31 @@ class SimulatedBackend:
     async def models(self) -> list[str]:
         return [self.model]
 
-    async def release(self, connection_id: str) -> None:
-        return None
-
     async def aclose(self) -> None:
         return None
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
-        call = None if self.guard else _requested_call(request)
+        prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
+        call = None if self.guard else _requested_call(request, prompt)
         if self.guard:
-            pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(request))])
+            pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(prompt))])
         else:
-            pieces = iter(_call_pieces(call, request.prompt.count)) if call else _text_pieces(request)
+            pieces = iter(_call_pieces(call, prompt.count)) if call else _text_pieces(request, prompt)
         pacer = _Pacer(self.ttft_s, self.tokens_per_s)
         output_tokens = 0
         for index, piece in enumerate(pieces):
             await pacer.wait(index)
             output_tokens += 1
             yield piece
-        input_tokens = request.estimate_input_tokens()
-        cached = estimate_tokens(request.cached_prefix_nbytes) if request.cached_prefix_nbytes else 0
+        input_tokens = estimate_tokens(prompt.nbytes + len(request.instructions or ""))
+        cached_nbytes = prompt.nbytes - sum(len(encode(m)) + 1 for m in render_items(request.new_items))
+        cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
         capped = (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
         yield Finish("tool_calls" if call else "length" if capped else "stop")
 
-    def _guard_verdict(self, request: BackendRequest) -> str:
-        users = [m for m in request.prompt.messages if m["role"] == "user"]
+    def _guard_verdict(self, prompt: ChatPrompt) -> str:
+        users = [m for m in prompt.messages if m["role"] == "user"]
         text = _text(users[-1]["content"]) if users else ""
         hit = [category for category, pattern in self.guard.items() if pattern.search(text)]
         return f"unsafe\n{','.join(hit)}" if hit else "safe"
@@ -108,7 +108,7 @@ class _Pacer:
             await asyncio.sleep(0)
 
 
-def _text_pieces(request: BackendRequest) -> Iterator[Delta]:
+def _text_pieces(request: BackendRequest, prompt: ChatPrompt) -> Iterator[Delta]:
     """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
     structured = _structured(request.options.get("response_format"))
     if structured is not None:
@@ -116,7 +116,7 @@ def _text_pieces(request: BackendRequest) -> Iterator[Delta]:
         return
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
     count = min(count, MAX_OUTPUT_TOKENS)
-    last = request.prompt.last_message
+    last = prompt.last_message
     if last is not None and last["role"] == "tool":
         yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}")
         count -= 1
@@ -133,18 +133,19 @@ def _structured(response_format: Any) -> str | None:
     return None
 
 
-def _requested_call(request: BackendRequest) -> tuple[str, str] | None:
-    last = request.prompt.last_message
-    if not request.tools:
+def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, str] | None:
+    last = prompt.last_message
+    tools, choice = chat_tools_and_choice(request)
+    if not tools:
         return None
-    schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in request.tools}
+    schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in tools}
     if last is not None and last["role"] == "user":
         lines = _text(last["content"]).splitlines()
         for index, line in enumerate(lines):
             call = _directive(line.strip(), lines[index + 1 :], schemas)
             if call is not None:
                 return call
-    forced = _forced(request.tool_choice, schemas)
+    forced = _forced(choice, schemas)
     if forced is None or (last is not None and last["role"] == "tool"):
         return None
     return forced, json.dumps(json_instance(schemas[forced] or {"type": "object"}))

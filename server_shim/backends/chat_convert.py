@@ -1,33 +1,34 @@
-"""Render Responses items into Chat Completions messages, append-only.
+"""Responses -> Chat Completions for the chat backends: the history as messages, and the request body.
+
+Every conversion a chat backend makes from what the turn hands it lives here or in
+`server_shim/tools.py` (tools and `tool_choice`, and mapping calls back), so a new item or tool
+type is taught to all chat backends in one place. A `responses` upstream uses none of it.
 
 Messages, function and custom tool calls and their outputs are rendered; every other item type
 (reasoning, compaction, hosted tool calls and their results) is dropped for chat backends, which
 could not have produced them and cannot read them.
 
-A rendered prompt is immutable: a turn extends its parent's prompt with the messages
-of the new items only, and keeps each message's JSON encoding so the backend body is
-a byte join, not a re-encoding of the history. The same history always renders to the
-same bytes, so the backends' prefix caches hit on every turn.
+A rendered prompt is immutable: `chat_prompt` extends the prompt cached for the history's
+longest rendered prefix with the messages of the batches added since, and keeps each message's
+JSON encoding so the backend body is a byte join, not a re-encoding of the history. The same
+turns always render to the same bytes, so the backends' prefix caches hit on every turn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from .footprint import footprint
-from .items import Item
+from ..footprint import footprint
+from ..history import History, Item
+from ..tools import NAMESPACE_SEPARATOR, chat_tool_choice, chat_tools
+from .base import BackendRequest, encode
 
 Message = dict[str, Any]
 
-NAMESPACE_SEPARATOR = "__"
-"""A namespace member's chat function name is `<namespace>__<name>`."""
-
-
-def encode(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+RENDERING = "chat"
+"""The key of the chat rendering in a `History`'s cache."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,6 +100,47 @@ class ChatPrompt:
         return b"[" + b",".join([*head, *self.fragments]) + b"]"
 
 
+def chat_prompt(history: History) -> ChatPrompt:
+    """The history's chat rendering: the cached one for its longest rendered prefix, extended by the rest."""
+    return history.rendering(RENDERING, ChatPrompt(), _extend)
+
+
+def _extend(prompt: ChatPrompt, batch: Sequence[Item]) -> ChatPrompt:
+    return prompt.extend(render_items(batch))
+
+
+def chat_tools_and_choice(request: BackendRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The chat tools to send and the chat `tool_choice` (the turn has checked both)."""
+    tools = request.chat_tools if request.chat_tools is not None else chat_tools(request.tools)
+    return chat_tool_choice(request.tool_choice, tools)
+
+
+def chat_body(
+    request: BackendRequest,
+    prompt: ChatPrompt,
+    tools: list[dict[str, Any]] | None,
+    choice: Any,
+    *,
+    stream: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> bytes:
+    """The Chat Completions JSON body (tools and choice from `chat_tools_and_choice`, maybe adjusted);
+    the history is joined from the prompt's cached bytes."""
+    fields: dict[str, Any] = {"model": request.model, "stream": stream, **request.options}
+    if stream:
+        fields["stream_options"] = {"include_usage": True}
+    if tools:
+        fields["tools"] = tools
+        if choice is not None:
+            fields["tool_choice"] = choice
+    if request.max_output_tokens is not None:
+        fields["max_tokens"] = request.max_output_tokens
+    if extra:
+        fields.update(extra)
+    head = encode(fields)
+    return head[:-1] + b',"messages":' + prompt.encoded_messages(request.instructions) + b"}"
+
+
 @dataclass(slots=True)
 class _Renderer:
     messages: list[Message] = field(default_factory=list)
@@ -140,7 +182,7 @@ class _Renderer:
         self.messages.append({"content": "", "role": "assistant", "tool_calls": [call]})
 
 
-def render_items(items: list[Item]) -> list[Message]:
+def render_items(items: Sequence[Item]) -> list[Message]:
     """Chat messages for a batch of items; consecutive calls join the assistant message before them."""
     renderer = _Renderer()
     for item in items:

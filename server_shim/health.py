@@ -1,0 +1,75 @@
+"""A deployment's health as a plain state machine: circuit breaker, rate-limit pause, latency estimates.
+
+No method reads a clock: each takes `now` (seconds on any monotonic clock), which the router
+passes from the clock it was given, so tests drive the breaker by advancing a number.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+@dataclass
+class Health:
+    """Closed until `failure_threshold` consecutive failures; then open for `cooldown_s`; then half-open,
+    where one success closes it and one failure opens it again. A 429 pauses it for its retry delay
+    without counting as a failure. Latency estimates are EWMAs with weight `alpha`."""
+
+    failure_threshold: int
+    cooldown_s: float
+    alpha: float
+    consecutive_failures: int = 0
+    open_until: float = 0.0
+    limited_until: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    answered: bool = False
+    """Whether it has ever answered (a probe or a turn): `/readyz` waits for one that has."""
+
+    def available(self, now: float) -> bool:
+        return now >= self.open_until and now >= self.limited_until
+
+    def state(self, now: float) -> str:
+        if now < self.open_until:
+            return OPEN
+        return HALF_OPEN if self.consecutive_failures >= self.failure_threshold else CLOSED
+
+    def success(self, ttft_s: float | None = None, tokens_per_s: float | None = None) -> None:
+        self.answered = True
+        self.consecutive_failures = 0
+        self.open_until = 0.0
+        if ttft_s is not None:
+            self.ttft_s = self._ewma(self.ttft_s, ttft_s)
+        if tokens_per_s is not None:
+            self.tokens_per_s = self._ewma(self.tokens_per_s, tokens_per_s)
+
+    def failure(self, now: float) -> None:
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failure_threshold:
+            self.open_until = now + self.cooldown_s
+
+    def rate_limited(self, retry_after_s: float, now: float) -> None:
+        self.limited_until = max(self.limited_until, now + retry_after_s)
+
+    def _ewma(self, current: float | None, sample: float) -> float:
+        return sample if current is None else self.alpha * sample + (1 - self.alpha) * current
+
+
+@dataclass
+class TokenWindow:
+    """Tokens used in the last `window_s` seconds, for a deployment's `tokens_per_minute`."""
+
+    window_s: float = 60.0
+    _entries: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def record(self, tokens: int, now: float) -> None:
+        self._entries.append((now, tokens))
+
+    def total(self, now: float) -> int:
+        cutoff = now - self.window_s
+        while self._entries and self._entries[0][0] < cutoff:
+            self._entries.popleft()
+        return sum(n for _, n in self._entries)
