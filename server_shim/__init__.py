@@ -1,9 +1,11 @@
 """The responses-ws server shim: Responses API WebSocket mode in front of any inference backend.
 
 What a user needs to run it (`create_app`, `serve`, `BackgroundServer`, `Settings`, `ShimConfig`)
-and what a plugin author needs to extend it: the hook marker, the backend protocol and its
-request and deltas, the validator and classifier signatures with what they are given, the
-response store protocol, and the errors to raise.
+and what a plugin author needs to extend it: the hook marker, the backend protocol with its
+request (the conversation as a `History` of Responses items), its deltas and its optional
+abilities (`ConnectionScoped`, `ReportsRateLimits`, ...), the validator and classifier
+signatures with what they are given, the response store protocol, and the errors to raise.
+A chat backend renders the items with `server_shim.backends.chat_convert.chat_prompt`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,23 @@ from .backends.base import (
     Backend,
     BackendFactory,
     BackendRequest,
+    Carry,
+    ConnectionScoped,
     Delta,
     Finish,
+    HasBackgroundWork,
+    HostedToolPolicy,
+    ReportsRateLimits,
+    ReportsStatus,
+    Routed,
+    ServesModels,
     TextDelta,
     ToolCallDelta,
     Usage,
 )
 from .config import DeploymentConfig, ShimConfig
 from .errors import APIError, BackendError
+from .history import History
 from .hookspecs import hookimpl
 from .requests import CreateRequest
 from .safety import Classifier, Validator
@@ -35,14 +46,23 @@ __all__ = [
     "BackendFactory",
     "BackendRequest",
     "BackgroundServer",
+    "Carry",
     "Classifier",
+    "ConnectionScoped",
     "CreateRequest",
     "Delta",
     "DeploymentConfig",
     "Finish",
+    "HasBackgroundWork",
+    "History",
+    "HostedToolPolicy",
     "MemoryResponseStore",
+    "ReportsRateLimits",
+    "ReportsStatus",
     "ResponseState",
     "ResponseStore",
+    "Routed",
+    "ServesModels",
     "Settings",
     "ShimConfig",
     "TextDelta",

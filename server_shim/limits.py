@@ -14,19 +14,25 @@ from typing import Any
 import orjson
 
 from .errors import APIError, invalid
+from .settings import Settings
+
+
+def _default(name: str) -> int:
+    """The setting's default: `Settings` is the one place the limits' values are written."""
+    return int(Settings.model_fields[name].default)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """The per-request bounds (defaults as in `Settings`)."""
 
-    max_json_depth: int = 64
-    max_input_items: int = 5_000
-    max_item_references: int = 256
-    max_reference_bytes: int = 4 * 1024 * 1024
-    max_tools: int = 128
-    max_tool_schema_depth: int = 32
-    max_conversation_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = _default("max_json_depth")
+    max_input_items: int = _default("max_input_items")
+    max_item_references: int = _default("max_item_references")
+    max_reference_bytes: int = _default("max_reference_bytes")
+    max_tools: int = _default("max_tools")
+    max_tool_schema_depth: int = _default("max_tool_schema_depth")
+    max_conversation_bytes: int = _default("max_conversation_bytes")
 
     @classmethod
     def from_settings(cls, settings: Any) -> RequestLimits:

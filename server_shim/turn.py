@@ -34,7 +34,7 @@ from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
 from .tokens import TokenCount, TokenCounter, account
-from .tools import DROPPED_METADATA_KEY, ChatTools, chat_tool_choice, chat_tools, restore_calls
+from .tools import DROPPED_METADATA_KEY, HOSTED_TYPES, ChatTools, chat_tool_choice, chat_tools, restore_calls
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ class _Plan:
     deployment: str | None
     carry: Mapping[str, Any]
     labels: dict[str, str]
+    backend_tools: list[dict[str, Any]] | None
+    """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
@@ -174,8 +176,9 @@ class Turn:
         self.result.plugin_s["check"] = stages.clock() - checked
         tools = self._chat_tools(previous)
         sent_tools, _ = chat_tool_choice(self.request.tool_choice, tools)  # checks the choice before inference
-        if tools.dropped:
-            self._hosted_tools(tools, labels, previous.deployment if previous else None)
+        backend_tools = self.request.tools or None
+        if tools.dropped and self._hosted_tools(tools, labels, previous.deployment if previous else None) != "pass":
+            backend_tools = [tool for tool in backend_tools or () if tool["type"] not in HOSTED_TYPES] or None
         base = previous.history if previous else History()
         self.result.new_items = len(new_items)
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
@@ -198,6 +201,7 @@ class Turn:
             later_checks=later,
             new_messages=new_messages,
             previous=previous,
+            backend_tools=backend_tools,
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
@@ -248,7 +252,7 @@ class Turn:
                 model=request.model,
                 history=plan.history,
                 instructions=request.instructions,
-                tools=request.tools or None,
+                tools=plan.backend_tools,
                 tool_choice=request.tool_choice,
                 chat_tools=plan.tools,
                 max_output_tokens=request.max_output_tokens,
@@ -359,8 +363,8 @@ class Turn:
             return previous.chat_tools
         return chat_tools(tools)
 
-    def _hosted_tools(self, tools: ChatTools, labels: dict[str, str], sticky: str | None) -> None:
-        """Apply the deployment's policy to the hosted tools a chat backend could not run."""
+    def _hosted_tools(self, tools: ChatTools, labels: dict[str, str], sticky: str | None) -> str:
+        """Apply the deployment's policy to the hosted tools a chat backend could not run; return the policy."""
         policy = self.env.hosted_policy(self.request.model, sticky)
         if policy == "refuse":
             index = next(i for i, tool in enumerate(self.request.tools or []) if tool["type"] in tools.dropped)
@@ -372,6 +376,7 @@ class Turn:
         if policy == "drop":
             labels[DROPPED_METADATA_KEY] = ",".join(tools.dropped)
             self._log_dropped(tools.dropped)
+        return policy
 
     def _log_dropped(self, dropped: tuple[str, ...]) -> None:
         """Hosted tools a chat backend cannot run are dropped: said once per connection, not per turn."""

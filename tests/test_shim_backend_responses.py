@@ -26,7 +26,14 @@ def shims() -> Iterator[tuple[BackgroundServer, BackgroundServer, list[dict[str,
     seen: list[dict[str, Any]] = []
 
     def record(new_items, previous, request):
-        seen.append({"items": list(new_items), "previous": request.previous_response_id, "store": request.store})
+        seen.append(
+            {
+                "items": list(new_items),
+                "previous": request.previous_response_id,
+                "store": request.store,
+                "tools": request.tools,
+            }
+        )
 
     upstream_settings = Settings()
     with BackgroundServer(create_app(upstream_settings, validators=[record]), upstream_settings) as upstream:
@@ -175,7 +182,10 @@ async def test_items_reach_the_upstream_as_the_client_sent_them(shims):
         {"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A cat."}]},
         {"type": "message", "role": "user", "content": "Thanks."},
     ]
-    tools = [{"type": "namespace", "name": "pets", "description": "d", "tools": [{"type": "function", "name": "feed"}]}]
+    tools = [
+        {"type": "namespace", "name": "pets", "description": "d", "tools": [{"type": "function", "name": "feed"}]},
+        {"type": "web_search"},  # hosted: a responses upstream runs it (its policy is `pass`)
+    ]
     async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client:
         response = await client.responses.create(model="m", input=items, tools=tools, store=False)
     assert response.status == "completed"
@@ -183,3 +193,4 @@ async def test_items_reach_the_upstream_as_the_client_sent_them(shims):
     assert received["items"][:3] == items[:3]
     assert received["items"][3] == {key: value for key, value in items[3].items() if key != "id"}
     assert received["items"][4] == items[4]
+    assert received["tools"] == tools

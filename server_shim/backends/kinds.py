@@ -6,7 +6,7 @@ take no options, so a `[deployments.options]` table on one of them fails at star
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..hookspecs import hookimpl
 
@@ -44,26 +44,24 @@ def cerebras(deployment: DeploymentConfig) -> Backend:
 def responses(deployment: DeploymentConfig) -> Backend:
     from .responses_passthrough import ResponsesPassthroughBackend
 
-    assert deployment.base_url is not None
-    return ResponsesPassthroughBackend(
-        deployment.base_url,
-        api_key=deployment.resolved_api_key(),
-        timeout_s=deployment.timeout_s,
-        name=deployment.name,
-        websocket=deployment.upstream_websocket,
-    )
+    return ResponsesPassthroughBackend(**_http(deployment), websocket=deployment.upstream_websocket)
 
 
 def _chat_backend(cls: type[OpenAICompatibleBackend], deployment: DeploymentConfig) -> Backend:
-    assert deployment.base_url is not None
     return cls(
-        deployment.base_url,
-        api_key=deployment.resolved_api_key(),
-        timeout_s=deployment.timeout_s,
-        name=deployment.name,
-        quirks=deployment.quirks,
-        rate_limit_reserve_tokens=deployment.rate_limit_reserve_tokens,
+        **_http(deployment), quirks=deployment.quirks, rate_limit_reserve_tokens=deployment.rate_limit_reserve_tokens
     )
+
+
+def _http(deployment: DeploymentConfig) -> dict[str, Any]:
+    """What every HTTP backend takes from its deployment (the config requires a base_url for these kinds)."""
+    assert deployment.base_url is not None
+    return {
+        "base_url": deployment.base_url,
+        "api_key": deployment.resolved_api_key(),
+        "timeout_s": deployment.timeout_s,
+        "name": deployment.name,
+    }
 
 
 @hookimpl
