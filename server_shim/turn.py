@@ -291,7 +291,7 @@ class Turn:
                 log.exception("backend %s raised unexpectedly", self.env.backend.name)
                 failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
             stages.mark("stream" if stages.first_token is not None else "backend_ttft")
-            self._deployment = self.result.deployment = backend_request.deployment
+            self._deployment = self.result.deployment = plan.deployment
             if failure is not None:
                 for event in self._fail(failure, assembler, response_id, created_at):
                     yield event
