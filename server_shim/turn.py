@@ -183,7 +183,7 @@ class Turn:
         self.result.new_items = len(new_items)
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
         history = base.extend(new_items)
-        check_conversation_bytes(history.held, self.env.limits)
+        check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
         self._plan = _Plan(
             new_items=new_items,
             tools=tools,
