@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,7 +58,8 @@ class EncodedStore(MemoryResponseStore):
     """The memory store keeping what the Redis store keeps: each state through its stored encoding."""
 
     async def save(self, state: ResponseState) -> None:
-        await super().save(decode_state(encode_state(state, "history"), list(state.prompt.fragments)))
+        batches = [orjson.dumps(batch) for batch in state.history.batch_list()]  # what its history list holds
+        await super().save(decode_state(encode_state(state, "history"), batches))
 
 
 GUARD = SimulatedBackend(guard={"S1": ["attack"], "S2": ["weapon"]})
