@@ -54,7 +54,8 @@ async def count_input_tokens(request: Request) -> Response:
         return error_response(turn)
     shim: ShimState = request.app.state.shim
     counter = shim.env.token_counter(turn.request.model)
-    tokens = await whole_prompt_tokens(counter, turn.prompt.messages, turn.request.instructions) if counter else None
+    messages = chat_prompt(turn.history).messages  # what a tokenizer counts: the chat rendering
+    tokens = await whole_prompt_tokens(counter, messages, turn.request.instructions) if counter else None
     return json_response({"object": "response.input_tokens", "input_tokens": tokens or _input_tokens(turn)})
 
 
