@@ -64,6 +64,7 @@ class ShimState:
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the admission decisions (tests pass their own)."""
     trimmer: Trimmer = field(default_factory=Trimmer)
+    _draining: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def record_turn(self, turn: Turn) -> None:
         self.stats.turns += 1
@@ -78,6 +79,11 @@ class ShimState:
         finish, then close every WebSocket with 1001 so clients reconnect elsewhere."""
         self.gate.draining = True
         await asyncio.gather(*(conn.close(code) for conn in list(self.connections)), return_exceptions=True)
+
+    def drain_soon(self) -> None:
+        """Start the drain once, for callers that cannot await it (a worker's WebSockets at shutdown)."""
+        if self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self.close_connections())
 
 
 def create_app(

@@ -86,6 +86,18 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.close()
         self.loop.call_later(FORCE_CLOSE_GRACE_S, self.transport.abort)
 
+    def shutdown(self) -> None:
+        """Server shutdown. Under `ShimServer` the app has drained and closed with 1001 already; under
+        `--workers` (uvicorn's own server in each worker) this is the first the app hears of it: start
+        the same drain instead of uvicorn's immediate 1012, which would cut responses in flight."""
+        app = self.scope.get("app") if self.handshake_complete and not self.close_sent else None
+        shim = getattr(getattr(app, "state", None), "shim", None)
+        if shim is None:
+            super().shutdown()
+            return
+        self.stop_keepalive()
+        shim.drain_soon()
+
     def handle_parser_exception(self) -> None:
         sent = self.conn.close_sent
         if sent is not None and sent.code == CLOSE_MESSAGE_TOO_BIG:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ from openai import AsyncOpenAI
 from support.chat_server import closed_port
 from support.serve import wait_healthy, worker_pids
 from support.wire import TurnEvents, completed_ok, run_turn, user
+from websockets.asyncio.client import connect
 
 
 def replace_every_worker(parent: int) -> None:
@@ -65,3 +67,18 @@ async def test_with_the_memory_store_workers_warn_and_cannot_continue_each_other
     os.killpg(process.pid, signal.SIGTERM)
     output, _ = process.communicate(timeout=20)
     assert "stored responses are per worker" in output
+
+
+async def test_a_stopping_worker_finishes_the_response_in_flight_then_closes_with_1001(serve_process, tmp_path):
+    config = tmp_path / "slow.toml"
+    config.write_text("[server]\nsimulated_ttft_s = 1.0\n")
+    port = closed_port()
+    process = serve_process("--port", str(port), "--workers", "2", "--config", str(config))
+    await asyncio.to_thread(wait_healthy, port, process)
+    async with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": "simulated-1", "input": "hi", "store": False}))
+        assert json.loads(await ws.recv())["type"] == "response.created"  # in flight, first token 1 s away
+        os.kill(process.pid, signal.SIGTERM)
+        types = [json.loads(message)["type"] async for message in ws]
+    assert types[-1] == "response.completed"
+    assert ws.close_code == 1001
