@@ -26,6 +26,7 @@ from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends.base import BackendRequest, Delta, TextDelta
 from server_shim.backends.simulated import SimulatedBackend
 from server_shim.errors import APIError, BackendError
+from ws_transport.session import SessionState
 
 MODEL = "simulated-1"
 FAST_RECONNECT = ws_transport.ReconnectPolicy(max_attempts=2, initial_delay_s=0.01)
@@ -384,6 +385,7 @@ async def test_refused_upgrade_falls_back_to_http_with_one_warning(
             history += [*response.output, user(f"turn {n}")]
         stats = ws_transport.session_of(client).stats
         assert (stats.turns, stats.fallbacks, stats.turns_chained) == (3, 3, 0)
+        assert ws_transport.session_of(client).state is SessionState.HTTP_ONLY
     warnings = [r for r in caplog.records if r.name == "ws_transport" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     assert str(status) in warnings[0].getMessage()

@@ -18,6 +18,7 @@ from support.wire import OPENAI_MAJOR
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
+from ws_transport.session import SessionState
 from ws_transport.wrap import prepare
 
 MODEL = "simulated-1"
@@ -229,7 +230,9 @@ def test_a_closed_sync_client_refuses_turns_as_plain_http_does(server: Backgroun
 async def test_a_turn_on_a_closed_session_raises_session_closed(server: BackgroundServer) -> None:
     async with ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
         await client.responses.create(model=MODEL, input="hello")
-        await ws_transport.session_of(client).aclose()
+        session = ws_transport.session_of(client)
+        await session.aclose()
+        assert session.state is SessionState.CLOSED
         with pytest.raises(openai.OpenAIError) as caught:
             await client.responses.create(model=MODEL, input="after close")
     # openai 1.x wraps every transport error in APIConnectionError; later versions let OpenAIErrors through
@@ -270,7 +273,7 @@ def test_prepare_leaves_calls_it_cannot_split_to_the_sdk(call: dict[str, Any]) -
 
 def test_prepare_leaves_everything_to_the_sdk_once_the_session_fell_back() -> None:
     session = ws_transport.Session()
-    session.http_only = True
+    session.state = SessionState.HTTP_ONLY
     assert prepare(session, {"model": MODEL, "input": "hi"}) is None
 
 

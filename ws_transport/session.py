@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, NoReturn
@@ -47,6 +48,17 @@ COMPLETED = frozenset({"response.completed", "response.incomplete"})
 FAILED = "response.failed"
 
 
+class SessionState(enum.Enum):
+    """Where a session is in its life: one state, not a flag per condition."""
+
+    WEBSOCKET = "websocket"
+    """Turns ride the session's sockets."""
+    HTTP_ONLY = "http_only"
+    """The upgrade was refused (404/405/426) or the reconnect budget spent: every turn goes over HTTP."""
+    CLOSED = "closed"
+    """Closed with its client: no turn is sent."""
+
+
 class Session:
     """A persistent session shared by every `responses.create` of one client.
 
@@ -67,15 +79,19 @@ class Session:
         )
         """Where sockets are opened: the session's own URL first (set by `bind`), then the failover replicas."""
         self.user_agent: str | None = None
-        self.http_only = False
+        self.state = SessionState.WEBSOCKET
         self.frame_limit = FrameLimit()
         """The smallest frame the server refused with 1009: frames this large go over HTTP untried."""
-        self.closed = False
         self.pool = self._new_pool()
         self._connections: dict[Socket, Connection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
         self._closers: set[asyncio.Task[None]] = set()
+
+    @property
+    def http_only(self) -> bool:
+        """Whether every turn goes over HTTP (the session fell back for good)."""
+        return self.state is SessionState.HTTP_ONLY
 
     @property
     def connections(self) -> list[Connection]:
@@ -241,9 +257,9 @@ class Session:
         """A lane on the socket the pool picks for this turn, opening one when the pool says so."""
         credentials = credentials_of(headers)
         while True:
-            if self.closed:
+            if self.state is SessionState.CLOSED:
                 raise SessionClosed("the ws_transport session is closed")
-            if self.http_only:
+            if self.state is SessionState.HTTP_ONLY:
                 raise UseHTTP("the session fell back to HTTP")
             decision = self.pool.acquire(credentials, None if chain is None else chain.generation)
             self._close_retired()
@@ -334,8 +350,8 @@ class Session:
         return await _sdk.connect_websocket(self.replicas.current, headers, self.user_agent, **options)
 
     def _fall_back(self, reason: str) -> NoReturn:
-        if not self.http_only:
-            self.http_only = True
+        if self.state is SessionState.WEBSOCKET:
+            self.state = SessionState.HTTP_ONLY
             log.warning("ws_transport: %s; this session continues over HTTP", reason)
         raise UseHTTP(reason)
 
@@ -363,7 +379,7 @@ class Session:
 
     async def aclose(self) -> None:
         """Close every socket and wait for the reader tasks: nothing of the session outlives this call."""
-        self.closed = True
+        self.state = SessionState.CLOSED
         if self._loop is not asyncio.get_running_loop():
             return
         connections, self._connections = list(self._connections.values()), {}
