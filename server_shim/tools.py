@@ -15,15 +15,22 @@ The one rule for Chat Completions backends (the README's "Clients" section repea
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from openai.types.responses import ToolParam
 
 from .backends.base import Delta, Finish, ToolCallDelta
 from .errors import invalid
 from .sdk import sdk_literal_types
+
+if TYPE_CHECKING:
+    from .requests import CreateRequest
+    from .state import ResponseState
+
+log = logging.getLogger(__name__)
 
 HostedPolicy = Literal["drop", "refuse", "pass"]
 
@@ -253,3 +260,48 @@ def custom_input(arguments: str) -> str:
     if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
         return parsed[CUSTOM_INPUT]
     return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """A turn's tools, checked before inference: for chat backends, what they send, and for the others."""
+
+    chat: ChatTools
+    sent: list[dict[str, Any]] | None
+    """The chat tools a chat backend sends (after `allowed_tools`)."""
+    backend: list[dict[str, Any]] | None
+    """The client's tools as a non-chat backend gets them: hosted ones left out unless the policy is `pass`."""
+
+
+def plan_tools(
+    request: CreateRequest,
+    previous: ResponseState | None,
+    policy: Callable[[], str],
+    labels: dict[str, str],
+    notices: set[str],
+) -> ToolPlan:
+    """Check the request's tools and `tool_choice` and apply the deployment's hosted-tool `policy` (asked only
+    when there are hosted tools): `refuse` raises `unsupported_tool`, `drop` labels the response and logs once
+    per connection (`notices`), `pass` sends them on to an upstream that runs them."""
+    given = request.tools or []
+    chat = previous.chat_tools if previous is not None and previous.tools == given else chat_tools(given)
+    sent, _ = chat_tool_choice(request.tool_choice, chat)  # raises for a choice naming no tool
+    backend = given or None
+    if chat.dropped:
+        decided = policy()
+        if decided == "refuse":
+            index = next(i for i, tool in enumerate(given) if tool["type"] in chat.dropped)
+            raise invalid(
+                "unsupported_tool",
+                f"Tool type {chat.dropped[0]!r} at 'tools[{index}]' is a hosted tool this deployment cannot run.",
+                f"tools[{index}].type",
+            )
+        if decided != "pass":
+            backend = [tool for tool in given if tool["type"] not in HOSTED_TYPES] or None
+        if decided == "drop":
+            labels[DROPPED_METADATA_KEY] = ",".join(chat.dropped)
+            fresh = [kind for kind in chat.dropped if f"dropped:{kind}" not in notices]
+            if fresh:
+                notices.update(f"dropped:{kind}" for kind in fresh)
+                log.info("dropping hosted tools %s, which this backend cannot run", fresh)
+    return ToolPlan(chat, sent, backend)

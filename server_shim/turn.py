@@ -21,7 +21,7 @@ from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
-from .errors import APIError, BackendError, invalid, previous_response_not_found
+from .errors import APIError, BackendError, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .history import History
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
@@ -34,7 +34,7 @@ from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
 from .tokens import TokenCount, TokenCounter, account
-from .tools import DROPPED_METADATA_KEY, HOSTED_TYPES, ChatTools, chat_tool_choice, chat_tools, restore_calls
+from .tools import ChatTools, plan_tools, restore_calls
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +174,14 @@ class Turn:
         )
         new_items = outcome.items
         self.result.plugin_s["check"] = stages.clock() - checked
-        tools = self._chat_tools(previous)
-        sent_tools, _ = chat_tool_choice(self.request.tool_choice, tools)  # checks the choice before inference
-        backend_tools = self.request.tools or None
-        if tools.dropped and self._hosted_tools(tools, labels, previous.deployment if previous else None) != "pass":
-            backend_tools = [tool for tool in backend_tools or () if tool["type"] not in HOSTED_TYPES] or None
+        sticky = previous.deployment if previous else None
+        tools = plan_tools(
+            self.request,
+            previous,
+            lambda: self.env.hosted_policy(self.request.model, sticky),
+            labels,
+            self.cache.notices if self.cache is not None else set(),
+        )
         base = previous.history if previous else History()
         self.result.new_items = len(new_items)
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
@@ -186,8 +189,8 @@ class Turn:
         check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
         self._plan = _Plan(
             new_items=new_items,
-            tools=tools,
-            chat_tools=sent_tools,
+            tools=tools.chat,
+            chat_tools=tools.sent,
             history=history,
             call_ids=with_calls(known_calls, introduced),
             previous_items=len(base),
@@ -201,7 +204,7 @@ class Turn:
             later_checks=later,
             new_messages=new_messages,
             previous=previous,
-            backend_tools=backend_tools,
+            backend_tools=tools.backend,
         )
         if previous is not None and self.cache is not None and previous.id not in self.cache:
             self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
@@ -356,37 +359,6 @@ class Turn:
         if state is None:
             raise previous_response_not_found(previous_id)
         return state
-
-    def _chat_tools(self, previous: ResponseState | None) -> ChatTools:
-        tools = self.request.tools or []
-        if previous is not None and previous.tools == tools:
-            return previous.chat_tools
-        return chat_tools(tools)
-
-    def _hosted_tools(self, tools: ChatTools, labels: dict[str, str], sticky: str | None) -> str:
-        """Apply the deployment's policy to the hosted tools a chat backend could not run; return the policy."""
-        policy = self.env.hosted_policy(self.request.model, sticky)
-        if policy == "refuse":
-            index = next(i for i, tool in enumerate(self.request.tools or []) if tool["type"] in tools.dropped)
-            raise invalid(
-                "unsupported_tool",
-                f"Tool type {tools.dropped[0]!r} at 'tools[{index}]' is a hosted tool this deployment cannot run.",
-                f"tools[{index}].type",
-            )
-        if policy == "drop":
-            labels[DROPPED_METADATA_KEY] = ",".join(tools.dropped)
-            self._log_dropped(tools.dropped)
-        return policy
-
-    def _log_dropped(self, dropped: tuple[str, ...]) -> None:
-        """Hosted tools a chat backend cannot run are dropped: said once per connection, not per turn."""
-        seen = self.cache.notices if self.cache is not None else set()
-        fresh = [kind for kind in dropped if f"dropped:{kind}" not in seen]
-        if fresh:
-            seen.update(f"dropped:{kind}" for kind in fresh)
-            log.info(
-                "connection %s: dropping hosted tools %s, which this backend cannot run", self.connection_id, fresh
-            )
 
     def _fail(
         self, exc: BackendError | APIError, assembler: OutputAssembler, response_id: str, created_at: float
