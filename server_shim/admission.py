@@ -120,3 +120,29 @@ class TenantLimiter:
     def in_flight(self, tenant: str | None) -> int:
         usage = self._usage.get(tenant)
         return usage.in_flight if usage else 0
+
+
+@dataclass
+class QueueBound:
+    """What one connection holds in requests read but not started: bounded by count and by frame bytes.
+
+    While `full`, the connection reads no more frames, so a client pipelining faster than its
+    responses run is held back by TCP instead of by the server's memory.
+    """
+
+    max_requests: int
+    max_bytes: int
+    requests: int = 0
+    nbytes: int = 0
+
+    def add(self, size: int) -> None:
+        self.requests += 1
+        self.nbytes += size
+
+    def remove(self, size: int) -> None:
+        self.requests -= 1
+        self.nbytes -= size
+
+    @property
+    def full(self) -> bool:
+        return self.requests >= self.max_requests or self.nbytes >= self.max_bytes

@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     max_connections: int = Field(default=1024, ge=1, description="WebSocket connections per process; 503 beyond")
     max_queued_requests: int = Field(default=64, ge=1, description="queued per connection; reading stops beyond")
+    max_queued_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="frame bytes queued per connection")
     send_timeout_s: float = Field(default=30.0, gt=0, description="a client not reading this long is closed (1008)")
     idle_timeout_s: float = Field(default=600.0, gt=0, description="a connection with no frames and nothing in flight")
     tenant_max_concurrent: int = Field(default=0, ge=0, description="responses in flight per tenant (0: no limit)")

@@ -19,6 +19,7 @@ import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import metrics, tracing
+from .admission import QueueBound
 from .backends.base import ConnectionScoped
 from .errors import APIError, internal_error, invalid
 from .events import new_id
@@ -49,7 +50,8 @@ class ConnectionState(enum.Enum):
 
 @dataclass
 class _Lane:
-    queue: asyncio.Queue[CreateRequest | APIError] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[tuple[CreateRequest | APIError, int]] = field(default_factory=asyncio.Queue)
+    """Each request with the size of the frame it came in, for the connection's `QueueBound`."""
     worker: asyncio.Task[None] | None = None
 
 
@@ -70,9 +72,9 @@ class ResponsesConnection:
         self.id = new_id("conn")
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
-        self._queued = 0
+        self.queued = QueueBound(settings.max_queued_requests, settings.max_queued_bytes)
         self._room = asyncio.Event()
-        """Set while fewer than `max_queued_requests` wait in the lanes: frames are read only then."""
+        """Set while `queued` is not full: frames are read only then."""
         self._room.set()
         self._idle: asyncio.TimerHandle | None = None
 
@@ -115,9 +117,9 @@ class ResponsesConnection:
             if self.state is ConnectionState.DRAINING:
                 await self.send(_with_lane(self._closing_error.event(), _lane_of(data)))
                 continue
-            await self._handle_frame(data)
+            await self._handle_frame(data, size)
 
-    async def _handle_frame(self, data: str | bytes) -> None:
+    async def _handle_frame(self, data: str | bytes, size: int) -> None:
         stream_id = None
         request: CreateRequest | APIError
         try:
@@ -142,9 +144,9 @@ class ResponsesConnection:
                 return
             lane = self._lanes[stream_id] = _Lane()
             metrics.LANES.inc()
-        lane.queue.put_nowait(request)
-        self._queued += 1
-        if self._queued >= self.settings.max_queued_requests:
+        lane.queue.put_nowait((request, size))
+        self.queued.add(size)
+        if self.queued.full:
             self._room.clear()
         if lane.worker is None:
             lane.worker = asyncio.create_task(self._run_lane(stream_id, lane))
@@ -153,22 +155,23 @@ class ResponsesConnection:
         """Run the lane's requests in order; the lane goes away when its queue is empty."""
         try:
             while not lane.queue.empty():
-                request = lane.queue.get_nowait()
-                self._dequeued(1)
+                request, size = lane.queue.get_nowait()
+                self._dequeued(size)
                 if isinstance(request, APIError):
                     await self.send(_with_lane(request.event(), stream_id))
                     continue
                 async with self._in_flight:
                     await self._run_turn(request, stream_id)
         finally:
-            self._dequeued(lane.queue.qsize())
+            while not lane.queue.empty():
+                self._dequeued(lane.queue.get_nowait()[1])
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
                 metrics.LANES.dec()
 
-    def _dequeued(self, count: int) -> None:
-        self._queued -= count
-        if self._queued < self.settings.max_queued_requests:
+    def _dequeued(self, size: int) -> None:
+        self.queued.remove(size)
+        if not self.queued.full:
             self._room.set()
 
     def _arm_idle_timer(self) -> None:

@@ -187,7 +187,7 @@ async def test_a_pipelining_client_is_not_read_past_the_queue_bound_and_every_re
         sending = asyncio.gather(*(ws.send(create(metadata={"n": str(n)})) for n in range(40)))
         await asyncio.sleep(0.3)
         connection = next(iter(server.shim.connections))
-        assert connection._queued <= 4
+        assert connection.queued.requests <= 4
         await sending
         order = []
         for _ in range(40):
@@ -215,3 +215,20 @@ async def test_with_api_keys_the_probes_answer_anyone_but_name_deployments_only_
     assert [r.status_code for r in anonymous] == [200, 200]
     assert anonymous[0].json() == {"status": "ok"} and anonymous[1].json() == {"ready": True}
     assert "connections" in keyed[0].json() and "deployments" in keyed[1].json()
+
+
+async def test_pipelined_large_frames_are_bounded_by_queued_bytes_and_all_answered(make_server):
+    """The issue's case: 400 pipelined 1 MiB frames were all queued (+399 MB)."""
+    server = make_server(max_queued_bytes=3 * 1024 * 1024, simulated_ttft_s=0.05)
+    frame = create(input="p" * 1024 * 1024, max_output_tokens=1)
+    async with ws_connect(ws_url(server), max_size=None) as ws:
+        sending = asyncio.gather(*(ws.send(frame) for _ in range(12)))
+        peak = 0
+        for _ in range(20):
+            await asyncio.sleep(0.05)
+            if server.shim.connections:
+                peak = max(peak, next(iter(server.shim.connections)).queued.nbytes)
+        assert 0 < peak <= 4 * 1024 * 1024, "at most the bound plus the frame that filled it"
+        await sending
+        for _ in range(12):
+            assert (await until_terminal(ws))[-1]["type"] == "response.completed"
