@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from . import extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter
-from .backends.base import Backend, HasBackgroundWork, HostedToolPolicy, ServesModels
+from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .check_config import checks_by_model
 from .checks import Check
 from .config import ShimConfig
@@ -127,6 +127,8 @@ def create_app(
         env.serves_model = backend.serves_model
     if isinstance(backend, HostedToolPolicy):
         env.hosted_policy = backend.hosted_policy
+    if isinstance(backend, ContextWindows):
+        env.context_window = backend.context_window
     shim = ShimState(
         settings,
         env,

@@ -66,6 +66,12 @@ class DeploymentConfig(BaseModel):
     rate_limit_reserve_tokens: int = Field(
         default=2048, ge=0, description="route elsewhere when the backend reports fewer tokens left this minute"
     )
+    context_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens the backend model takes in: a longer conversation is truncated (truncation: auto) "
+        "or refused with context_length_exceeded",
+    )
     hosted_tools: Literal["drop", "refuse", "pass"] | None = Field(
         default=None,
         description="hosted tools (web_search, mcp, ...) in a request: drop them (listed in the response metadata), "

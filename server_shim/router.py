@@ -58,6 +58,8 @@ class Deployment:
     tokens_per_minute: int | None = None
     hosted_tools: str = "drop"
     """The deployment's hosted-tool policy (`DeploymentConfig.hosted_tools`)."""
+    context_window: int | None = None
+    """Tokens its model takes in (`DeploymentConfig.context_window`); None: not configured, nothing truncated."""
     in_flight: int = 0
     tokens: TokenWindow = field(default_factory=TokenWindow)
     deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
@@ -123,12 +125,22 @@ class Router:
         return any(d.serves(alias) for d in self.deployments.values())
 
     def hosted_policy(self, alias: str, sticky: str | None) -> str:
-        """The hosted-tool policy of the deployment a turn will most likely run on (read-only: no stats)."""
+        """The hosted-tool policy of the deployment a turn will most likely run on."""
+        deployment = self._likely(alias, sticky)
+        return deployment.hosted_tools if deployment is not None else "drop"
+
+    def context_window(self, alias: str, sticky: str | None) -> int | None:
+        """The context window of the deployment a turn will most likely run on (None: not configured)."""
+        deployment = self._likely(alias, sticky)
+        return deployment.context_window if deployment is not None else None
+
+    def _likely(self, alias: str, sticky: str | None) -> Deployment | None:
+        """The deployment a turn will most likely run on: its first candidate, read-only (no stats)."""
         deployment = self.deployments.get(sticky) if sticky is not None else None
         if deployment is None or not deployment.health.available(self.clock()) or not deployment.serves(alias):
             resolved = self._resolve(alias)
             deployment = resolved[0] if resolved else None
-        return deployment.hosted_tools if deployment is not None else "drop"
+        return deployment
 
     def candidates(self, alias: str, sticky: str | None) -> list[Deployment]:
         """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
@@ -313,6 +325,7 @@ def build_router(
                 tokens_per_minute=spec.tokens_per_minute,
                 deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
                 hosted_tools=spec.hosted_policy,
+                context_window=spec.context_window,
             )
         )
     return Router(deployments, config.routing, clock=clock)

@@ -35,6 +35,7 @@ from .state import ConnectionCache, ResponseState, ResponseStore
 from .steer import SteerSlot
 from .tokens import TokenCount, TokenCounter, account
 from .tools import ChatTools, plan_tools, restore_calls
+from .truncation import fit_history
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class TurnEnv:
     serves_model: Callable[[str], bool] = field(default=lambda model: True)
     """Whether some backend serves this public model name; checked before anything else."""
     hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
+    context_window: Callable[[str, str | None], int | None] = field(default=lambda model, sticky: None)
+    """The context window (tokens) of the deployment this model and sticky route go to, when configured."""
     """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
     limits: RequestLimits = DEFAULT_LIMITS
     checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
@@ -68,6 +71,8 @@ class _Plan:
     tools: ChatTools
     chat_tools: list | None
     history: History
+    sent_history: History
+    """What the backend gets: `history`, or its tail when `truncation: auto` had to fit a context window."""
     call_ids: Set[str]
     previous_items: int
     deployment: str | None
@@ -187,15 +192,17 @@ class Turn:
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
         history = base.extend(new_items)
         check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
+        sent = fit_history(history, self.env.context_window(self.request.model, sticky), self.request, tools.backend)
         self._plan = _Plan(
             new_items=new_items,
             tools=tools.chat,
             chat_tools=tools.sent,
             history=history,
+            sent_history=sent,
             call_ids=with_calls(known_calls, introduced),
-            previous_items=len(base),
+            previous_items=len(base) if sent is history else 0,
             deployment=previous.deployment if previous else None,
-            carry=previous.carry if previous else {},
+            carry=previous.carry if previous and sent is history else {},
             labels=labels | outcome.labels,
             base_held=base.held,
             checks=outcome,
@@ -253,7 +260,7 @@ class Turn:
         if request.generate is not False:
             backend_request = BackendRequest(
                 model=request.model,
-                history=plan.history,
+                history=plan.sent_history,
                 instructions=request.instructions,
                 tools=plan.backend_tools,
                 tool_choice=request.tool_choice,

@@ -163,6 +163,14 @@ class HostedToolPolicy(Protocol):
 
 
 @runtime_checkable
+class ContextWindows(Protocol):
+    """A backend whose deployments declare their model's context window: the window (tokens) of the
+    deployment a conversation's next turn will most likely run on, None where not configured."""
+
+    def context_window(self, model: str, sticky: str | None) -> int | None: ...
+
+
+@runtime_checkable
 class HasBackgroundWork(Protocol):
     """A backend with work of its own while the server runs (health checks): the app's lifespan awaits
     `start` once before serving; it must return promptly (a bounded wait at most)."""
