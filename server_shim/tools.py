@@ -205,6 +205,7 @@ async def restore_calls(
     held until the stream finishes, then yielded whole with its `input` text as the arguments,
     since its JSON wrapper can only be taken off once complete. Calls past `max_calls` (the
     request's `max_tool_calls`) are dropped: the shim enforces the limit whatever the backend does.
+    A call the backend already reports as custom or namespaced (a `responses` upstream) passes as it is.
     """
     origins: dict[int, ToolOrigin | None] = {}
     over_limit: set[int] = set()
@@ -221,7 +222,8 @@ async def restore_calls(
             if max_calls is not None and len(origins) >= max_calls:
                 over_limit.add(delta.index)
             else:
-                origins[delta.index] = tools.origins.get(delta.name or "")
+                mapped = delta.custom or delta.namespace is not None  # a responses upstream's own call: as it is
+                origins[delta.index] = None if mapped else tools.origins.get(delta.name or "")
         if delta.index in over_limit:
             continue
         origin = origins[delta.index]

@@ -219,3 +219,13 @@ async def test_calls_past_max_tool_calls_are_dropped():
     )
     out = [d async for d in restore_calls(stream, chat_tools([TOOL]), max_calls=1)]
     assert [d.call_id for d in out if isinstance(d, ToolCallDelta)] == ["call_1", None]
+
+
+async def test_a_call_the_backend_already_reports_as_custom_or_namespaced_passes_as_it_is():
+    upstream = [
+        ToolCallDelta(0, '{"input": "raw"}', "call_1", "apply_patch", custom=True),
+        ToolCallDelta(1, "{}", "call_2", "spawn_agent", "multi_agent_v1"),
+        Finish("tool_calls"),
+    ]
+    out = [d async for d in restore_calls(_deltas(*upstream), chat_tools([PATCH, AGENTS]))]
+    assert out == upstream
