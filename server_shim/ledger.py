@@ -6,7 +6,8 @@ for) and queued; a background task writes queued records in batches to the ledge
 file, or a Redis stream when the store is Redis). Each record's id is its response id and every
 write is idempotent, so replaying a journal after a crash counts nothing twice.
 
-Journal segments: `<dir>/<pid>-<n>.jsonl`, each locked (`flock`) by the process writing it.
+Journal segments: `<dir>/<pid>-<token>-<n>.jsonl`, each locked (`flock`) by the journal writing it; the
+random token keeps two ledgers of one process (several apps, or tests) from writing each other's files.
 A flush rotates to a new segment, writes the old one's records, then deletes it. At start-up a
 process replays and deletes every segment no live process holds (what a killed one left).
 """
@@ -18,6 +19,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -66,12 +68,13 @@ class Journal:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self._token = secrets.token_hex(4)
         self._sequence = 0
         self._fd = self._new_segment()
         self._path = self._segment_path(self._sequence)
 
     def _segment_path(self, sequence: int) -> Path:
-        return self.directory / f"{os.getpid()}-{sequence}.jsonl"
+        return self.directory / f"{os.getpid()}-{self._token}-{sequence}.jsonl"
 
     def _new_segment(self) -> int:
         """Created under a temporary name and locked before it gets its scanned name, so no replayer takes it."""

@@ -7,6 +7,7 @@ Both writes are idempotent on the record id (the response id): SQLite by primary
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, astuple, fields
 from pathlib import Path
@@ -35,11 +36,17 @@ return false
 
 
 class SqliteSink:
-    """One table, `usage`, keyed by response id; WAL mode so several workers can write one file."""
+    """One table, `usage`, keyed by response id; WAL mode so several workers can write one file.
+
+    Calls come from worker threads (`asyncio.to_thread`), and a write abandoned by a cancelled
+    flush may still be running when `close` comes: one lock serializes every use of the
+    connection, so `close` waits for that write instead of freeing the connection under it.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -50,7 +57,7 @@ class SqliteSink:
 
     def write(self, records: list[UsageRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
-        with self._db:
+        with self._lock, self._db:
             self._db.executemany(f"INSERT OR IGNORE INTO usage VALUES ({marks})", [astuple(r) for r in records])
 
     def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
@@ -59,11 +66,14 @@ class SqliteSink:
         if tenant is not None:
             query += " AND tenant = ?"
             args.append(tenant)
-        for row in self._db.execute(query + " ORDER BY created_at", args):
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY created_at", args).fetchall()
+        for row in rows:
             yield UsageRecord(*row)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 class RedisStreamSink:

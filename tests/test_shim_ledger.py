@@ -106,6 +106,22 @@ async def test_a_live_journal_is_never_replayed_by_another_ledger(tmp_path):
     journal.close()
 
 
+async def test_two_ledgers_of_one_process_on_one_journal_directory_keep_their_own_segments(tmp_path):
+    """Several apps in one process (tests, embedding) used to share `<pid>-<n>` names and replace each other's."""
+    first = Ledger(SqliteSink(tmp_path / "usage.db"), tmp_path / "journal", flush_interval_s=60)
+    second = Ledger(SqliteSink(tmp_path / "usage.db"), tmp_path / "journal", flush_interval_s=60)
+    await first.start()
+    first.accept(record("resp_first"))
+    await second.start()
+    second.accept(record("resp_second"))
+    on_disk = "".join(p.read_text() for p in (tmp_path / "journal").glob("*.jsonl"))
+    assert "resp_first" in on_disk and "resp_second" in on_disk  # both would survive a SIGKILL now
+    await first.aclose()
+    await second.aclose()
+    assert sorted(r.id for r in SqliteSink(tmp_path / "usage.db").read()) == ["resp_first", "resp_second"]
+    assert list((tmp_path / "journal").glob("*.jsonl")) == []
+
+
 def test_totals_group_by_tenant_and_model_in_every_format():
     rows = totals([record("a"), record("b", output_tokens=7), record("c", tenant="bob", status="failed")])
     assert [(r["tenant"], r["responses"], r["output_tokens"], r["failed"]) for r in rows] == [
