@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load", "floor")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -46,6 +46,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import load
 
         return load.run, load.table
+    if name == "floor":
+        from . import floor
+
+        return floor.run, floor.table
     if name == "litellm":
         from . import peer_litellm
 

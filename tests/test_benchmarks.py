@@ -228,3 +228,20 @@ def test_load_suite_runs_every_level_without_errors_and_reports_rss_and_the_big_
     assert big["frame_bytes"]["text_3mb"] > 3_000_000 and big["frame_bytes"]["items_60k"] > 2_000_000
     for key in ("alone", "beside_text_3mb", "beside_items_60k", "beside_items_5k"):
         assert big[key]["turns"] > 0 and big[key]["p99_ms"] >= big[key]["p50_ms"]
+
+
+@pytest.mark.timeout(120)
+def test_floor_suite_measures_the_shim_and_the_floor_server_on_the_same_turns(tmp_path: Path) -> None:
+    bench_quick(["floor"], tmp_path, timeout=100)
+    result = _strict_json(tmp_path / "floor.json")
+    _check_targets(result)
+    assert result["events_per_turn"]["1"] >= 3 and result["events_per_turn"]["64"] > result["events_per_turn"]["1"]
+    replayed = json.loads((tmp_path / "floor-events.json").read_text())
+    assert replayed["1"][-1].startswith('{"type":"response.completed"')
+    assert set(result["workloads"]) == {"sequential", "concurrent", "long"}
+    for workload in result["workloads"].values():
+        for server in ("floor", "shim"):
+            for key in ("server_cpu_ms_per_turn", "turns_per_s", "client_cpu_ms_per_turn"):
+                assert _is_stats(workload[server][key]) and workload[server][key]["median"] > 0
+        assert workload["cpu_ratio"]["median"] > 0 and workload["throughput_ratio"]["median"] > 0
+    assert result["per_delta_us"]["shim"] is not None
