@@ -186,3 +186,27 @@ def test_cached_fragments_are_right_sized_not_orjson_buffers():
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert held < 500 * 1024, f"{held / 500:.0f} bytes per small message"
+
+
+def test_steering_input_before_tool_outputs_renders_after_them_so_each_tool_message_follows_its_call():
+    call = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"}
+    pending = [
+        {"type": "message", "role": "user", "content": "use metric units"},
+        {"type": "function_call_output", "call_id": "c1", "output": "seven"},
+        {"type": "message", "role": "user", "content": "thanks"},
+    ]
+    messages = render_items([call]) + render_items(pending)
+    assert [m["role"] for m in messages] == ["assistant", "tool", "user", "user"]
+    assert messages[2]["content"] == "use metric units"
+    plain = render_items([{"type": "message", "role": "user", "content": "hi"}, *pending[2:]])
+    assert [m["content"] for m in plain] == ["hi", "thanks"], "without tool outputs nothing moves"
+
+
+def test_the_same_reordering_applies_inside_a_whole_history():
+    history = [
+        {"type": "message", "role": "user", "content": "find it"},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"},
+        {"type": "message", "role": "user", "content": "use metric units"},
+        {"type": "function_call_output", "call_id": "c1", "output": "seven"},
+    ]
+    assert [m["role"] for m in render_items(history)] == ["user", "assistant", "tool", "user"]

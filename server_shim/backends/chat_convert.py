@@ -185,9 +185,45 @@ class _Renderer:
 def render_items(items: Sequence[Item]) -> list[Message]:
     """Chat messages for a batch of items; consecutive calls join the assistant message before them."""
     renderer = _Renderer()
-    for item in items:
+    for item in _outputs_first(items):
         renderer.add(item)
     return renderer.messages
+
+
+_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_CALLS = frozenset({"function_call", "custom_tool_call"})
+
+
+def _outputs_first(items: Sequence[Item]) -> Sequence[Item]:
+    """User messages between tool calls (or a batch's start) and their outputs go after the outputs.
+
+    That is the shape of steering input prepended to a continuation (`response.steer` pending):
+    the item order stays as the API defines it, but a chat model needs each tool message right
+    after the assistant message that made the call.
+    """
+    if not any(item.get("type") in _OUTPUTS for item in items):
+        return items
+    ordered: list[Item] = []
+    index = 0
+    while index < len(items):
+        start = index
+        if index == 0 or items[index - 1].get("type") in _CALLS:
+            while index < len(items) and _is_user(items[index]):
+                index += 1
+        end = index
+        while end < len(items) and index > start and items[end].get("type") in _OUTPUTS:
+            end += 1
+        if end > index:
+            ordered.extend([*items[index:end], *items[start:index]])
+            index = end
+        else:
+            ordered.extend(items[start : index + 1])
+            index += 1
+    return ordered
+
+
+def _is_user(item: Item) -> bool:
+    return item.get("type", "message") == "message" and item.get("role") == "user"
 
 
 def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
