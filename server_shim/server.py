@@ -8,13 +8,16 @@ import logging
 import os
 import socket
 import threading
+from typing import Any
 
 import orjson
 import uvicorn
 from starlette.applications import Starlette
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGISendEvent, WebSocketSendEvent
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.supervisors import Multiprocess
+from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 
@@ -27,6 +30,8 @@ from .settings import Settings
 from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
 
 FORCE_CLOSE_GRACE_S = 5.0
+CORK_MAX_BYTES = 64 * 1024
+"""Frames held for one loop iteration are written at once past this size (the writer's backpressure bound)."""
 
 log = logging.getLogger("responses_ws")
 
@@ -58,12 +63,56 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
     It also counts a finished denial response (our 401 for a wrong key) as the end of the handshake:
     uvicorn sends the `websocket.http.response` denial correctly but then logs "ASGI callable
     returned without completing handshake" at ERROR for it, and a refused key is not a server error.
+
+    Frames sent in one loop iteration leave in one socket write (`_cork`): a turn whose events are
+    ready together costs one `transport.write`, and a lone delta waits only for the end of the
+    iteration it was sent in, never for a timer.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._corked: list[bytes] = []
+        self._corked_bytes = 0
+
     async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "websocket.send" and self.handshake_complete and not self.close_sent:
+            await self._cork(message)
+            return
+        self.flush()
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             self.handshake_complete = True
+
+    async def _cork(self, message: WebSocketSendEvent) -> None:
+        await self.writable.wait()
+        if self.disconnected:
+            raise ClientDisconnected()
+        try:
+            data = message.get("bytes")
+            if data is not None:
+                self.conn.send_binary(data)
+            else:
+                self.conn.send_text((message.get("text") or "").encode())
+        except InvalidState:
+            raise ClientDisconnected() from None
+        first = not self._corked
+        for chunk in self.conn.data_to_send():
+            self._corked.append(chunk)
+            self._corked_bytes += len(chunk)
+        if self._corked_bytes >= CORK_MAX_BYTES:
+            self.flush()
+        elif first:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the frames held since the last write, in one call (before anything else is written)."""
+        if not self._corked:
+            return
+        data = b"".join(self._corked)
+        self._corked.clear()
+        self._corked_bytes = 0
+        if not self.transport.is_closing():
+            self.transport.write(data)
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
@@ -79,6 +128,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         """
         if self.transport.is_closing():
             return
+        self.flush()
         with contextlib.suppress(Exception):
             self.conn.send_close(code, reason)
             self.transport.write(b"".join(self.conn.data_to_send()))
@@ -100,6 +150,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_parser_exception(self) -> None:
         sent = self.conn.close_sent
+        self.flush()
         if sent is not None and sent.code == CLOSE_MESSAGE_TOO_BIG:
             limit = getattr(self.config, "max_frame_bytes", self.config.ws_max_size)
             event = too_large_error(limit).event()

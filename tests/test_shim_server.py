@@ -14,6 +14,7 @@ from support.wire import API_KEY, MODEL, completed_ok, read_turn, run_turn, ws_u
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim import BackgroundServer, Settings, create_app
+from server_shim.server import ShimWebSocketProtocol
 
 
 def test_a_background_server_listens_on_a_free_loopback_port():
@@ -67,3 +68,35 @@ async def test_a_stopped_server_refuses_new_connections(make_server):
     with pytest.raises(OSError):
         async with ws_connect(ws_url(server), open_timeout=2):
             pass
+
+
+async def test_the_events_of_a_turn_that_are_ready_together_leave_in_one_socket_write(make_server):
+    server = make_server(simulated_tokens_per_s=0)
+    async with ws_connect(ws_url(server)) as ws:
+        (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
+        writes: list[bytes] = []
+        write = protocol.transport.write
+        protocol.transport.write = lambda data: (writes.append(data), write(data))[1]
+        create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 3}
+        for _ in range(2):  # and the connection carries on with the next turn the same way
+            writes.clear()
+            await ws.send(json.dumps(create))
+            types = []
+            while not types or types[-1] != "response.completed":
+                types.append(json.loads(await asyncio.wait_for(ws.recv(), 10))["type"])
+            assert len(types) >= 9 and "response.output_text.delta" in types
+            assert len(writes) == 1, [len(w) for w in writes]
+
+
+async def test_a_delta_that_is_alone_is_written_at_once_not_held_for_the_next(make_server):
+    server = make_server(simulated_tokens_per_s=10)  # a delta every 100 ms
+    async with ws_connect(ws_url(server)) as ws:
+        create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 3}
+        await ws.send(json.dumps(create))
+        arrivals = []
+        while not arrivals or arrivals[-1][0] != "response.completed":
+            event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            arrivals.append((event["type"], asyncio.get_running_loop().time()))
+    deltas = [t for kind, t in arrivals if kind == "response.output_text.delta"]
+    assert len(deltas) == 3
+    assert deltas[1] - deltas[0] > 0.05 and deltas[2] - deltas[1] > 0.05  # each one left when it was ready
