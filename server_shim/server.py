@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -201,11 +202,27 @@ def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
         serve_workers(loaded, sock, log_level=log_level, workers=workers)
         return 0
     app = create_app(settings, config=loaded.config)
+    freeze_startup_heap()
     config = uvicorn_config(app, settings, log_level=log_level, log_config=uvicorn_log_config())
     server = ShimServer(config, app.state.shim)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
         asyncio.run(server.serve(sockets=[sock]))
     return 0
+
+
+GC_THRESHOLDS = (10_000, 20, 20)
+"""Young-generation collections every 10,000 allocations instead of 700: a turn allocates thousands of
+short-lived containers, and the connection caches hold long-lived ones that each collection would walk."""
+
+
+def freeze_startup_heap() -> None:
+    """Move everything built at start-up (modules, models, the app) out of the collector's sight.
+
+    Called once the app exists, before serving: the cyclic GC then walks only what requests created.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -279,7 +296,9 @@ def worker_app() -> Starlette:
     if settings.otel:
         tracing.enable()
     metrics.on_worker_exit()
-    return create_app(settings, config=ShimConfig.model_validate(setup["config"]))
+    app = create_app(settings, config=ShimConfig.model_validate(setup["config"]))
+    freeze_startup_heap()
+    return app
 
 
 class BackgroundServer:

@@ -123,3 +123,24 @@ def test_classifier_labels_are_merged_into_the_metadata():
         "resp_1", CreateRequest(model="m", metadata={"a": "1"}), status="completed", labels={"b": "2"}
     )
     assert body["metadata"] == {"a": "1", "b": "2"}
+
+
+def test_ids_are_128_random_bits_never_repeated_and_a_forked_worker_draws_its_own():
+    import os
+    import re
+
+    from server_shim.events import new_id
+
+    ids = [new_id("resp") for _ in range(5000)]  # several batches
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"resp_[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's next id must not be the one the parent draws next
+        os.write(write, new_id("resp").encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    assert child != new_id("resp") and re.fullmatch(r"resp_[0-9a-f]{32}", child)

@@ -100,3 +100,17 @@ async def test_a_delta_that_is_alone_is_written_at_once_not_held_for_the_next(ma
     deltas = [t for kind, t in arrivals if kind == "response.output_text.delta"]
     assert len(deltas) == 3
     assert deltas[1] - deltas[0] > 0.05 and deltas[2] - deltas[1] > 0.05  # each one left when it was ready
+
+
+def test_the_startup_heap_is_frozen_out_of_the_collectors_sight_with_the_long_lived_thresholds():
+    import gc
+
+    from server_shim.server import GC_THRESHOLDS, freeze_startup_heap
+
+    before = gc.get_threshold()
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0 and gc.get_threshold() == GC_THRESHOLDS
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
