@@ -75,8 +75,7 @@ async def test_the_events_of_a_turn_that_are_ready_together_leave_in_one_socket_
     async with ws_connect(ws_url(server)) as ws:
         (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
         writes: list[bytes] = []
-        write = protocol.transport.write
-        protocol.transport.write = lambda data: (writes.append(data), write(data))[1]
+        protocol.transport = _CountingTransport(protocol.transport, writes)  # uvloop's cannot be patched
         create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 3}
         for _ in range(2):  # and the connection carries on with the next turn the same way
             writes.clear()
@@ -114,3 +113,18 @@ def test_the_startup_heap_is_frozen_out_of_the_collectors_sight_with_the_long_li
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class _CountingTransport:
+    """The protocol's own transport, with each `write` recorded on the way through."""
+
+    def __init__(self, inner, writes: list[bytes]) -> None:
+        self._inner = inner
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(data)
+        self._inner.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
