@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agents import Agent, CustomTool, WebSearchTool, function_tool, responses_websocket_session
+from agents import Agent, CustomTool, WebSearchTool, function_tool, responses_websocket_session, set_tracing_disabled
 from pydantic import BaseModel
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import NativeOutput
@@ -31,7 +31,17 @@ def lookup(n: int) -> str:
     return f"record {n}"
 
 
-async def test_agents_sdk_websocket_model_with_function_hosted_custom_tools_and_a_handoff(server, recorder):
+@pytest.fixture
+def no_agents_tracing():
+    """The session's run config is the SDK's own: tracing (to OpenAI, no key here) is turned off globally."""
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
+
+
+async def test_agents_sdk_websocket_model_with_function_hosted_custom_tools_and_a_handoff(
+    server, recorder, no_agents_tracing
+):
     patches: list[str] = []
 
     async def apply_patch(_context: Any, text: str) -> str:
