@@ -9,6 +9,8 @@ import pytest
 from openai import AsyncOpenAI
 from support.wire import API_KEY, LOOKUP_TOOL, MODEL, recv_event, run_turn, send_raw, user
 
+from server_shim.steer import MAX_QUEUED, Steering
+
 
 @pytest.fixture
 def slow_server(make_server, recorder):
@@ -131,3 +133,42 @@ async def test_a_refused_steer_returns_its_input_with_a_documented_code_and_the_
         assert failed["steer"]["previous_response_id"] == frame["previous_response_id"]
         second = await run_turn(conn, input="more", previous_response_id=first.id, store=False)
         assert second.types[-1] == "response.completed"
+
+
+# --- the decisions alone (server_shim/steer.py, no socket) ---------------------------------------
+
+
+def test_a_steer_on_a_response_that_then_completes_normally_goes_to_the_successor():
+    steering = Steering()
+    slot = steering.begin("resp_1", "lane")
+    accepted = steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": "more"})
+    assert accepted["type"] == "response.steer.accepted" and accepted["stream_id"] == "lane"
+    events, successor = steering.end(slot, {"status": "completed", "output": [{"type": "message"}]})
+    assert events == [] and [s.items for s in successor] == [[user("more")]]
+    late = steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": "late"})
+    assert late["error"]["code"] == "response_already_completed"
+
+
+def test_custom_tool_calls_give_their_own_required_input_stubs_and_steers_wait_in_order():
+    steering = Steering()
+    slot = steering.begin("resp_1", None)
+    for text in ("one", "two"):
+        steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": text})
+    output = [{"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "x"}]
+    events, successor = steering.end(slot, {"status": "completed", "output": output})
+    assert successor == [] and [e["type"] for e in events] == ["response.steer.pending"] * 2
+    assert events[0]["required_input"] == [{"type": "custom_tool_call_output", "call_id": "ct_1"}]
+    assert [item["content"] for s in steering.take_pending("resp_1") for item in s.items] == ["one", "two"]
+    assert steering.take_pending("resp_1") == []
+
+
+def test_steers_on_a_failed_response_are_returned_and_a_full_queue_refuses_more():
+    steering = Steering()
+    slot = steering.begin("resp_1", None)
+    for _ in range(MAX_QUEUED):
+        steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": "x"})
+    refused = steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": "y"})
+    assert refused["error"]["code"] == "too_many_pending_steers"
+    events, successor = steering.end(slot, {"status": "failed", "output": []})
+    assert successor == [] and {e["error"]["code"] for e in events} == {"response_not_active"}
+    assert all(e["steer"]["id"] for e in events), "failures after acceptance carry the steering id"
