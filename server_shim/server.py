@@ -105,6 +105,23 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         elif first:
             self.loop.call_soon(self.flush)
 
+    def send_receive_event_to_app(self) -> None:
+        """Pause reading only once a message is already waiting for the app, not on every frame.
+
+        uvicorn pauses the socket after each message and resumes it when the app takes it: two
+        `epoll_ctl` calls per turn for a client that sends one frame and waits. One message may
+        wait unread; the next pauses reading as before, so a client pipelining frames the app does
+        not take (its own request bound is full) is still not read from.
+        """
+        if self.read_paused or not self.queue.empty():
+            super().send_receive_event_to_app()
+            return
+        self.read_paused = True  # uvicorn pauses only when this is False
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = False
+
     def flush(self) -> None:
         """Write the frames held since the last write, in one call (before anything else is written)."""
         if not self._corked:

@@ -121,10 +121,36 @@ class _CountingTransport:
     def __init__(self, inner, writes: list[bytes]) -> None:
         self._inner = inner
         self._writes = writes
+        self.pauses = 0
 
     def write(self, data: bytes) -> None:
         self._writes.append(data)
         self._inner.write(data)
 
+    def pause_reading(self) -> None:
+        self.pauses += 1
+        self._inner.pause_reading()
+
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
+
+
+async def test_reading_pauses_only_when_a_frame_is_already_waiting_not_once_per_turn(make_server):
+    server = make_server(simulated_ttft_s=0.2)
+    async with ws_connect(ws_url(server)) as ws:
+        (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
+        transport = protocol.transport = _CountingTransport(protocol.transport, [])
+
+        async def turns(count: int, lane: str) -> None:
+            create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "stream_id": lane}
+            for _ in range(count):
+                await ws.send(json.dumps(create))
+            done = 0
+            while done < count:
+                done += json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "response.completed"
+
+        await turns(1, "a")
+        await turns(1, "a")
+        assert transport.pauses == 0  # one frame, then its reply: the socket stays readable
+        await turns(6, "a")  # pipelined on one lane: frames wait for the app, and reading pauses
+        assert transport.pauses >= 1
