@@ -327,3 +327,46 @@ async def test_a_frame_of_60k_tiny_items_is_refused_before_anything_holds_it(mak
         event = await _terminal(ws)
         assert event["type"] == "error" and event["error"]["code"] == "too_many_input_items"
         assert only_connection(server).cache.nbytes == 0
+
+
+def _footprint_by_definition(value, seen=None):
+    """The definition, recursively: every node's getsizeof, containers once per walk, long str keys."""
+    import sys
+
+    seen = set() if seen is None else seen
+    if not isinstance(value, (dict, list, tuple)):
+        return sys.getsizeof(value)
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    total = sys.getsizeof(value)
+    if isinstance(value, dict):
+        total += sum(sys.getsizeof(k) for k in value if isinstance(k, str) and len(k) > 64)
+        children = list(value.values())
+    else:
+        children = list(value)
+    return total + sum(_footprint_by_definition(c, seen) for c in children)
+
+
+def test_footprint_matches_its_definition_on_any_json_like_value_with_shared_parts():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from server_shim.footprint import footprint
+
+    leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.binary())
+    values = st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner), st.lists(inner).map(tuple), st.dictionaries(st.text(max_size=80), inner)
+        ),
+        max_leaves=40,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def check(value):
+        shared = [value, {"again": value}]
+        assert footprint(shared) == _footprint_by_definition(shared)
+
+    check()
