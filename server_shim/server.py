@@ -136,7 +136,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][FORCE_CLOSE_EXTENSION] = {"close": self.force_close}
+            scope["extensions"][FORCE_CLOSE_EXTENSION] = {"close": self.force_close, "writable": self.writable.is_set}
 
     def force_close(self, code: int, reason: str) -> None:
         """Close without waiting for the peer to read, which it may never do (a slow or stuck client).

@@ -39,7 +39,8 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
 FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
-"""ASGI scope extension our uvicorn protocol adds: close a socket whose peer does not read."""
+"""ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read, and
+`writable()`, true while a send will not wait for the peer (so it needs no timeout)."""
 
 
 class ConnectionState(enum.Enum):
@@ -77,6 +78,7 @@ class ResponsesConnection:
         """Set while `queued` is not full: frames are read only then."""
         self._room.set()
         self._idle: asyncio.TimerHandle | None = None
+        self._writable = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {}).get("writable")
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -250,6 +252,9 @@ class ResponsesConnection:
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
+            if self._writable is not None and self._writable():  # the send will not wait: no timer needed
+                await self.websocket.send_text(text)
+                return
             try:
                 async with asyncio.timeout(self.settings.send_timeout_s):
                     await self.websocket.send_text(text)
