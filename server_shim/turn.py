@@ -52,9 +52,9 @@ class TurnEnv:
     serves_model: Callable[[str], bool] = field(default=lambda model: True)
     """Whether some backend serves this public model name; checked before anything else."""
     hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
+    """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
     context_window: Callable[[str, str | None], int | None] = field(default=lambda model, sticky: None)
     """The context window (tokens) of the deployment this model and sticky route go to, when configured."""
-    """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
     limits: RequestLimits = DEFAULT_LIMITS
     checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
     """The stateful checks for a public model name (`checks.py`); run beside inference when `overlap_checks`."""
