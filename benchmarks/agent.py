@@ -181,7 +181,7 @@ async def measure(
     CLIENT_PREPARE_MS.clear()
     recorder = Recorder()
     backend = TimedBackend(SimulatedBackend(tokens_per_s=tokens_per_s, model=MODEL), recorder)
-    settings = Settings(simulated_tokens_per_s=tokens_per_s)
+    settings = Settings(simulated_tokens_per_s=tokens_per_s, usage_ledger="off")  # simulated turns are not usage
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     with BackgroundServer(create_app(settings, backend=backend), settings) as server:
         for rep in range(-warmup, repeats):

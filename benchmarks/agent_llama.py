@@ -112,7 +112,7 @@ def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "tiny.gguf")
         with LlamaServer(model, out_dir / "llama-server.log", alias=MODEL, n_ctx=16384) as llama:
-            settings = Settings(backend=llama.base_url, default_model=MODEL)
+            settings = Settings(backend=llama.base_url, default_model=MODEL, usage_ledger="off")
             with BackgroundServer(create_app(settings), settings) as shim:
                 runs: dict[str, list[dict[str, Any]]] = {"http": [], "websocket": []}
                 for repeat in range(repeats + 1):

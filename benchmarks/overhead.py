@@ -112,7 +112,7 @@ ALTERNATIVES: tuple[Alternative, ...] = (
 async def environment() -> Any:
     recorder = Recorder()
     backend = TimedBackend(SimulatedBackend(model=MODEL), recorder)
-    settings = Settings()
+    settings = Settings(usage_ledger="off")  # simulated turns stay out of the real usage ledger
     app = create_app(settings, backend=backend, validators=[validation_probe(recorder)])
     app.add_middleware(TimingMiddleware, recorder=recorder)
     chat_app = create_chat_app(TimedBackend(SimulatedBackend(model=MODEL), recorder))

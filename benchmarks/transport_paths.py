@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     install_probe()
-    settings = Settings()
+    settings = Settings(usage_ledger="off")  # simulated turns stay out of the real usage ledger
     with BackgroundServer(create_app(settings), settings) as server:
         runs = asyncio.run(measure(server, args))
         summary = summarize(runs, args.turns)

@@ -48,7 +48,7 @@ def endpoint(base_url: str | None) -> Iterator[tuple[str, BackgroundServer | Non
     if base_url:
         yield base_url, None
         return
-    settings = Settings()
+    settings = Settings(usage_ledger="off")  # simulated turns stay out of the real usage ledger
     with BackgroundServer(create_app(settings), settings) as server:
         yield server.base_url, server
 

@@ -139,7 +139,7 @@ def endpoint(base_url: str | None) -> Iterator[str]:
     if base_url:
         yield base_url
         return
-    settings = Settings(port=0, default_model="gpt-4o-mini")  # a name LlamaIndex and CrewAI know
+    settings = Settings(port=0, default_model="gpt-4o-mini", usage_ledger="off")  # a name LlamaIndex and CrewAI know
     with BackgroundServer(create_app(settings), settings) as server:
         yield server.base_url
 

@@ -125,7 +125,7 @@ async def websocket_loop(base_url: str, turns: int, payload_bytes: int) -> LoopR
 
 
 async def compare(turns: int, payload_bytes: int, tokens_per_s: float) -> list[LoopResult]:
-    settings = Settings(simulated_tokens_per_s=tokens_per_s)
+    settings = Settings(simulated_tokens_per_s=tokens_per_s, usage_ledger="off")  # simulated turns are not usage
     app = create_app(settings)
     with BackgroundServer(app, settings) as server:
         results = []

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+MAX_LISTED_MODELS = 20
+"""How many served model names a `model_not_found` message lists before it abbreviates."""
 
 
 @dataclass
@@ -40,6 +44,14 @@ def previous_response_not_found(response_id: str) -> APIError:
         f"Previous response with id '{response_id}' not found.",
         "previous_response_id",
     )
+
+
+def model_not_found(model: str, served: Sequence[str]) -> APIError:
+    """Names what is served, so a client configured for another model (say `gpt-4o` against the simulator)
+    learns the fix (`default_model`, a `models` alias, or the served name) from the error itself."""
+    shown = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
+    suffix = f"; this server serves: {shown}." if served else "."
+    return APIError(404, "model_not_found", f"The model '{model}' does not exist{suffix}", "model")
 
 
 def store_unavailable() -> APIError:

@@ -21,7 +21,7 @@ from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
-from .errors import APIError, BackendError, previous_response_not_found
+from .errors import APIError, BackendError, model_not_found, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .history import History
 from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
@@ -150,7 +150,7 @@ class Turn:
         if self._plan is not None:
             return
         if not self.env.serves_model(self.request.model):
-            raise APIError(404, "model_not_found", f"The model '{self.request.model}' does not exist.", "model")
+            raise model_not_found(self.request.model, await self._served_models())
         stages = self.result.stages
         previous = await self._resolve_previous()
         stages.mark("resolve")
@@ -351,6 +351,13 @@ class Turn:
             ttft_s=None if self._first_token is None else self._first_token - self._started,
             duration_s=now - self._started,
         )
+
+    async def _served_models(self) -> list[str]:
+        """For the error message only: a backend that cannot list its models leaves the list out."""
+        try:
+            return await self.env.backend.models()
+        except BackendError:
+            return []
 
     async def _resolve_previous(self) -> ResponseState | None:
         previous_id = self.request.previous_response_id

@@ -41,13 +41,20 @@ def test_an_unknown_subcommand_fails_with_usage():
     assert result.returncode == 2 and "usage:" in result.stderr
 
 
-def test_demo_runs_three_turns_and_prints_the_table():
-    result = run("demo", "--turns", "3", "--payload-bytes", "500")
+def test_demo_runs_three_turns_and_prints_the_table_without_touching_the_usage_ledger(tmp_path):
+    """Simulated turns are not usage: the user's ledger (under XDG_STATE_HOME or ~/.local/state) stays
+    absent, and the output is the table, not a log line per turn."""
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    env = {k: v for k, v in env.items() if not k.startswith("RESPONSES_WS_")}
+    command = [str(SCRIPT), "demo", "--turns", "3", "--payload-bytes", "500"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False, env=env)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "SIMULATED" in out
     assert "HTTP, full history" in out and "WebSocket, chained" in out and "ratio" in out
     assert "Both transports produced the same outputs" in out
+    assert " INFO " not in result.stdout + result.stderr
+    assert [p for p in tmp_path.rglob("*") if "usage" in p.name] == []
 
 
 async def test_serve_with_flags_answers_the_sdk_and_stops_cleanly_on_sigint(serve_process):

@@ -234,3 +234,14 @@ async def test_the_sdk_raises_bad_request_with_the_code_and_param(client, server
     with pytest.raises(openai.BadRequestError) as streaming:
         await client.responses.create(model=MODEL, input=[{"role": "robot", "content": "x"}], stream=True)
     assert streaming.value.param == "input[0].role"
+
+
+async def test_an_unknown_model_is_refused_with_the_served_models_named(client):
+    """An app left on `gpt-4o` learns from the error what to ask for instead (or to set `default_model`)."""
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.responses.create(model="gpt-4o", input="hello", store=False)
+    assert missing.value.code == "model_not_found"
+    assert missing.value.param == "model"
+    assert "'gpt-4o' does not exist; this server serves: " + MODEL in missing.value.message
+    served = [m.id async for m in client.models.list()]
+    assert served == [MODEL]

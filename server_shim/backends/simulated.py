@@ -118,7 +118,7 @@ def _text_pieces(request: BackendRequest, prompt: ChatPrompt) -> Iterator[Delta]
     count = min(count, MAX_OUTPUT_TOKENS)
     last = prompt.last_message
     if last is not None and last["role"] == "tool":
-        yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}")
+        yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
         count -= 1
     yield from (TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count)))
 
