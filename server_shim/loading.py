@@ -18,7 +18,7 @@ from typing import Any, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from . import tracing
+from . import redis_store, tracing
 from .config import DeploymentConfig, Quirks, RoutingConfig, ServerSection, ShimConfig
 from .settings import Settings, split_list
 from .tenants import ApiKey, load_keys
@@ -96,6 +96,8 @@ def load(path: str | None, flags: Mapping[str, Any], environ: Mapping[str, str] 
         raise ConfigError([Problem("API keys", None, str(exc))]) from None
     if settings.otel and not tracing.available():
         raise ConfigError([Problem("otel", None, f"OpenTelemetry is not installed: {tracing.EXTRA}")])
+    if settings.store != "memory" and not redis_store.available():
+        raise ConfigError([Problem("store", None, f"a redis:// store needs the redis package: {redis_store.EXTRA}")])
     from_file = config is not None and bool(config.deployments)
     if config is None or not config.deployments:
         routing = config.routing if config is not None else None

@@ -275,6 +275,18 @@ class RedisResponseStore:
             raise store_unavailable() from exc
 
 
+EXTRA = "pip install 'responses-ws[redis]'"
+
+
+def available() -> bool:
+    """Whether the `redis` extra is installed: checked before `serve` binds, not when the first worker dies."""
+    try:
+        import redis.asyncio  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def connect(url: str, timeout_s: float, max_connections: int = 64) -> redis.asyncio.Redis:
     """An asyncio client that fails fast when Redis is away (a short retry, then an error) and reconnects later.
 
@@ -287,7 +299,7 @@ def connect(url: str, timeout_s: float, max_connections: int = 64) -> redis.asyn
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
     except ImportError:
-        raise RuntimeError("a redis:// store needs the redis package: pip install 'responses-ws[redis]'") from None
+        raise RuntimeError(f"a redis:// store needs the redis package: {EXTRA}") from None
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,

@@ -127,6 +127,42 @@ def test_serve_refuses_a_bad_store_or_bad_keys_before_binding(flags, message):
     assert message in result.stderr
 
 
+WITHOUT_REDIS = """
+import sys
+
+class NoRedis:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "redis":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoRedis())
+from server_shim.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--workers", "2", "--store", "redis://127.0.0.1:6379/0"],
+        ["serve", "--store", "redis://127.0.0.1:6379/0"],
+        ["usage", "--store", "redis://127.0.0.1:6379/0"],
+    ],
+)
+def test_a_redis_store_without_the_redis_package_is_one_line_naming_the_extra_before_binding(args):
+    port = ["--port", str(closed_port())] if args[0] == "serve" else []
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_REDIS, *args, *port],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=clean_env(),
+    )
+    assert result.returncode == 2, result.stderr
+    expected = "responses-ws: store: a redis:// store needs the redis package: pip install 'responses-ws[redis]'\n"
+    assert result.stderr == expected
+
+
 def test_bench_outside_a_source_checkout_says_what_to_install(tmp_path):
     """An installed package has no benchmarks/ next to it: bench explains, exit status 2."""
     shutil.copytree(Path(__file__).resolve().parent.parent / "server_shim", tmp_path / "server_shim")
