@@ -24,8 +24,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import APIError
 from .events import Event, new_id
-from .items import Item
+from .items import Item, validate_items
 
 MAX_QUEUED = 16
 """Steers one response may hold; more are refused with `too_many_pending_steers`."""
@@ -174,6 +175,10 @@ def _invalid(body: dict[str, Any]) -> str | None:
             isinstance(p, dict) and p.get("type") in PART_TYPES for p in content
         ):
             return f"'input[{index}].content' must be a string or input_text, input_image and input_file parts."
+    try:  # the checks a response.create's input gets, so nothing is accepted that its successor would refuse
+        validate_items(_items(value))
+    except APIError as error:
+        return error.message
     return None
 
 

@@ -62,6 +62,25 @@ async def test_a_steer_is_accepted_at_once_stops_at_a_safe_boundary_and_the_succ
     assert recorder.last.previous_id == parent
 
 
+async def test_a_steer_whose_items_a_create_would_refuse_fails_at_once_and_the_response_runs_on(slow_client):
+    async with slow_client.responses.connect() as conn:
+        await conn.response.create(model=MODEL, input="write a long story", max_output_tokens=100, store=False)
+        seen: list[dict] = []
+        parent = (await read_until(conn, {"response.created"}, seen))["response"]["id"]
+        await read_until(conn, {"response.output_text.delta"}, seen)
+        bad = [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]
+        await send_raw(conn, {"type": "response.steer", "previous_response_id": parent, "input": bad})
+        while True:  # the failure carries the input as sent, which the SDK cannot parse: read raw
+            event = json.loads(await conn.recv_bytes())
+            if event["type"].startswith("response.steer."):
+                break
+        assert event["type"] == "response.steer.failed" and event["error"]["code"] == "invalid_input"
+        assert "text" in event["error"]["message"]
+        done = await read_until(conn, {"response.completed", "response.incomplete"}, seen)
+        assert done["type"] == "response.completed" and done["response"]["id"] == parent
+        assert len(done["response"]["output"][0]["content"][0]["text"].split()) == 100
+
+
 async def test_a_steer_during_a_tool_call_stays_pending_and_is_prepended_to_the_next_request(make_server, recorder):
     server = make_server(validators=[recorder], simulated_tokens_per_s=4.0)  # a call's two pieces, 250 ms apart
     async with (
