@@ -22,6 +22,7 @@ from .admission import ConnectionGate, TenantLimiter
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .check_config import checks_by_model
 from .checks import Check
+from .compaction import compaction_key
 from .config import ShimConfig
 from .errors import APIError
 from .ledger import Ledger
@@ -122,6 +123,7 @@ def create_app(
         checks=lambda model: [*checks, *configured(model)],
         overlap_checks=settings.checks_overlap,
         token_counter=counters.get,
+        compaction_key=compaction_key(settings.compaction_secret),
     )
     if isinstance(backend, ServesModels):
         env.serves_model = backend.serves_model
@@ -173,17 +175,17 @@ def create_app(
 
     routes = [
         WebSocketRoute("/v1/responses", websocket_endpoint),
-        Route("/v1/responses", http.create_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}", http.get_response, methods=["GET"]),
-        Route("/v1/responses/input_tokens", resources.count_input_tokens, methods=["POST"]),
-        Route("/v1/responses/compact", resources.compact_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}/input_items", http.list_input_items, methods=["GET"]),
-        Route("/v1/responses/{response_id}/cancel", resources.cancel_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}", http.delete_response, methods=["DELETE"]),
-        Route("/v1/models", http.list_models, methods=["GET"]),
-        Route("/healthz", http.healthz, methods=["GET"]),
-        Route("/readyz", http.readyz, methods=["GET"]),
-        Route("/metrics", http.metrics_endpoint, methods=["GET"]),
+        Route("/v1/responses", resources.guarded(http.create_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}", resources.guarded(http.get_response), methods=["GET"]),
+        Route("/v1/responses/input_tokens", resources.guarded(resources.count_input_tokens), methods=["POST"]),
+        Route("/v1/responses/compact", resources.guarded(resources.compact_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}/input_items", resources.guarded(http.list_input_items), methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", resources.guarded(resources.cancel_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}", resources.guarded(http.delete_response), methods=["DELETE"]),
+        Route("/v1/models", resources.guarded(http.list_models), methods=["GET"]),
+        Route("/healthz", resources.guarded(http.healthz), methods=["GET"]),
+        Route("/readyz", resources.guarded(http.readyz), methods=["GET"]),
+        Route("/metrics", resources.guarded(http.metrics_endpoint), methods=["GET"]),
     ]
     errors = {404: resources.http_error, 405: resources.http_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=errors)

@@ -48,7 +48,7 @@ async def create_response(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.api_error())
     try:
-        raw = await _read_body(request, shim.settings.max_body_bytes)
+        raw = await read_body(request, shim.settings.max_body_bytes)
     except APIError as error:
         return error_response(error)
     shim.stats.bytes_received += len(raw)
@@ -122,7 +122,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `limit` (by header or while reading)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -66,6 +66,13 @@ def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
         _check_tool_schemas(tools, limits)
 
 
+def check_expanded_items(items: list[Any], limits: RequestLimits) -> None:
+    """What compaction items expand to is input too: the same item and reference bounds apply."""
+    if len(items) > limits.max_input_items:
+        raise _too_many_items(len(items), limits)
+    _check_references(items, limits)
+
+
 def _too_many_items(count: int, limits: RequestLimits) -> APIError:
     return APIError(
         400,

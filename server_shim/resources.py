@@ -9,7 +9,9 @@ stands for before validation, so the conversation continues exactly without `pre
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,9 +22,9 @@ from starlette.responses import Response
 from .backends.base import encode, estimate_tokens
 from .backends.chat_convert import chat_prompt
 from .compaction import pack
-from .errors import APIError, invalid
+from .errors import APIError, internal_error, invalid
 from .events import new_id
-from .http import error_response, json_response, stored_response
+from .http import error_response, json_response, read_body, stored_response
 from .requests import parse_create
 from .tenants import scope_tenant
 from .tokens import whole_prompt_tokens
@@ -30,6 +32,8 @@ from .turn import Turn
 
 if TYPE_CHECKING:
     from .app import ShimState
+
+log = logging.getLogger(__name__)
 
 
 async def cancel_response(request: Request) -> Response:
@@ -70,7 +74,9 @@ async def compact_response(request: Request) -> Response:
         for item in items
         if item.get("type") == "message" and item["role"] == "user"
     ]
-    compaction = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": pack(items)}
+    shim: ShimState = request.app.state.shim
+    content = pack(items, shim.env.compaction_key, turn.tenant)
+    compaction = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": content}
     tokens = _input_tokens(turn)
     usage = {
         "input_tokens": tokens,
@@ -104,18 +110,39 @@ async def _prepared(request: Request) -> Turn | APIError:
     """A turn prepared from the body (validated, history resolved, rendered) that never runs."""
     shim: ShimState = request.app.state.shim
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(await read_body(request, shim.settings.max_body_bytes))
+    except APIError as error:
+        return error
     except orjson.JSONDecodeError as exc:
         return invalid("invalid_json", f"The request body is not valid JSON: {exc}.")
     if not isinstance(body, dict):
         return invalid("invalid_type", "The request body must be a JSON object.")
     body.setdefault("model", shim.settings.default_model)
     try:
-        turn = Turn(parse_create(body, websocket=False), shim.env, cache=None, tenant=scope_tenant(request.scope))
+        turn = Turn(
+            parse_create(body, websocket=False, limits=shim.env.limits),
+            shim.env,
+            cache=None,
+            tenant=scope_tenant(request.scope),
+        )
         await turn.prepare()
     except APIError as error:
         return error
     return turn
+
+
+def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`endpoint`, answering a bug as the API does (a JSON `server_error`), never Starlette's plain-text 500
+    (which also closes the client's kept-alive connection)."""
+
+    async def endpoint_or_server_error(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception:
+            log.exception("%s %s failed unexpectedly", request.method, request.url.path)
+            return error_response(internal_error())
+
+    return endpoint_or_server_error
 
 
 def _input_tokens(turn: Turn) -> int:

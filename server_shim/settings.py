@@ -40,6 +40,10 @@ class Settings(BaseSettings):
         default=None, description="File of keys, one 'KEY' or 'TENANT KEY' a line ('#' comments), read at start-up."
     )
     default_model: str = "simulated-1"
+    compaction_secret: str | None = Field(
+        default=None,
+        description="Key that signs compaction items; unset: a random key per process (set it for replicas and restarts)",
+    )
 
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_body_bytes: int = 16 * 1024 * 1024

@@ -20,7 +20,7 @@ from .backends.base import Backend, BackendRequest, Carry, Routed
 from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
-from .compaction import expand_compactions
+from .compaction import PROCESS_KEY, expand_compactions
 from .errors import APIError, BackendError, model_not_found, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .history import History
@@ -61,6 +61,8 @@ class TurnEnv:
     overlap_checks: bool = True
     token_counter: Callable[[str], TokenCounter | None] = field(default=lambda model: None)
     """The tokenizer of the deployments serving a model, when configured (`tokens.py`)."""
+    compaction_key: bytes = PROCESS_KEY
+    """Signs the compaction items this server makes (`compaction.py`); from `compaction_secret` when set."""
 
 
 @dataclass(slots=True)
@@ -154,7 +156,9 @@ class Turn:
         stages = self.result.stages
         previous = await self._resolve_previous()
         stages.mark("resolve")
-        new_items = expand_compactions(normalize_input(self.request.input))
+        new_items = expand_compactions(
+            normalize_input(self.request.input), self.env.compaction_key, self.tenant, self.env.limits
+        )
         known_calls: Set[str] = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
         started = stages.clock()
