@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from .check_config import CheckConfig
-from .settings import SIMULATED, Settings
+from .settings import SIMULATED, Settings, http_url
 
 NEEDS_BASE_URL = frozenset({"openai_compatible", "cerebras", "responses"})
 """Built-in kinds that cannot run without a `base_url`; a plugin's kind checks its own settings."""
@@ -100,6 +100,8 @@ class DeploymentConfig(BaseModel):
     def _needs_url(self) -> DeploymentConfig:
         if self.kind in NEEDS_BASE_URL and not self.base_url:
             raise ValueError(f"deployment {self.name!r}: kind {self.kind!r} needs a base_url")
+        if self.kind in NEEDS_BASE_URL and not http_url(str(self.base_url)):
+            raise ValueError(f"deployment {self.name!r}: base_url must be an http:// or https:// URL")
         return self
 
     @property

@@ -5,12 +5,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SIMULATED = "simulated"
+
+
+def backend_url(value: str) -> str:
+    """'simulated' or an http(s) URL with a host: `vllm` or `127.0.0.1:8000` would fail on every request instead."""
+    if value == SIMULATED or http_url(value):
+        return value
+    raise ValueError("expected 'simulated' or an http:// or https:// URL such as http://127.0.0.1:8000/v1")
+
+
+def http_url(value: str) -> bool:
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 class Settings(BaseSettings):
@@ -23,7 +36,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
-    backend: str = Field(
+    backend: Annotated[str, AfterValidator(backend_url)] = Field(
         default=SIMULATED,
         description="'simulated' or the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
     )

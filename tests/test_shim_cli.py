@@ -127,6 +127,25 @@ def test_serve_refuses_a_bad_store_or_bad_keys_before_binding(flags, message):
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("backend", ["vllm", "127.0.0.1:8000", "htp://127.0.0.1:8000/v1"])
+def test_a_backend_that_is_not_an_http_url_stops_serve_and_check_config_with_one_line(backend, tmp_path):
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        f'[[deployments]]\nname = "llama"\nkind = "openai_compatible"\nbase_url = "{backend}"\nmodels = {{ m = "m" }}\n'
+    )
+    served = run("serve", "--port", str(closed_port()), "--backend", backend, timeout=20)
+    checked = run("check-config", str(config))
+    assert served.returncode == 2 and checked.returncode == 2
+    assert served.stderr.splitlines() == [
+        f"responses-ws: flag: --backend: expected 'simulated' or an http:// or https:// URL such as "
+        f"http://127.0.0.1:8000/v1, got {backend!r}"
+    ]
+    assert checked.stderr.splitlines() == [
+        f"responses-ws: {config}: deployments[0] ('llama'): deployment 'llama': base_url must be an http:// or "
+        "https:// URL"
+    ]
+
+
 WITHOUT_REDIS = """
 import sys
 
