@@ -157,6 +157,18 @@ def test_cli_bench_passes_arguments_through() -> None:
     assert args.bench_args == ["overhead", "--quick", "--out", "/tmp/x"]
 
 
+def test_the_suites_the_command_and_the_readme_name_are_the_benchmarks_own() -> None:
+    """`responses-ws bench --help` works without the checkout, so it keeps its own list: it must not go stale."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.cli import SUITES
+
+    from server_shim.cli import BENCH_SUITES
+
+    assert BENCH_SUITES == SUITES
+    layout = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("benchmarks/ "))
+    assert tuple(layout.split("python -m benchmarks: ")[1].split(";")[0].split(", ")) == SUITES, layout
+
+
 def test_unknown_suite_is_refused() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.cli import main

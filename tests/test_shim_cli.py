@@ -182,25 +182,39 @@ def test_a_redis_store_without_the_redis_package_is_one_line_naming_the_extra_be
     assert result.stderr == expected
 
 
-def test_bench_outside_a_source_checkout_says_what_to_install(tmp_path):
-    """An installed package has no benchmarks/ next to it: bench explains, exit status 2."""
-    shutil.copytree(Path(__file__).resolve().parent.parent / "server_shim", tmp_path / "server_shim")
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys; from server_shim.cli import main; sys.exit(main(['bench', '--quick']))"],
+def bench_installed(tmp_path: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`responses-ws bench ARGS` from a non-editable install (server_shim alone in a folder), run in `cwd`."""
+    installed = tmp_path / "site-packages"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "server_shim", installed / "server_shim")
+    script = "import sys; from server_shim.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-P", "-c", script, "bench", *args],  # -P: the package from the install, not from cwd
         capture_output=True,
         text=True,
-        timeout=30,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]},
+        timeout=60,
+        cwd=cwd,
+        env={"PYTHONPATH": str(installed), "PATH": os.environ["PATH"]},
     )
+
+
+def test_bench_outside_a_source_checkout_says_what_to_install(tmp_path):
+    """An installed package has no benchmarks/ next to it nor in the current directory: exit status 2."""
+    result = bench_installed(tmp_path, tmp_path, "--quick")
     assert result.returncode == 2
     assert "not part of the installed package" in result.stderr and "pip install -e '.[dev]'" in result.stderr
 
 
-def test_bench_runs_the_checkouts_benchmarks_in_their_own_process():
-    result = run("bench", "--help")
+def test_bench_help_outside_a_source_checkout_lists_the_suites_and_succeeds(tmp_path):
+    result = bench_installed(tmp_path, tmp_path, "--help")
     assert result.returncode == 0, result.stderr
-    assert "python -m benchmarks" in result.stdout
+    assert "git clone" in result.stdout and "overhead, agent, agent-llama, relay, litellm, replicas" in result.stdout
+
+
+def test_bench_from_a_non_editable_install_finds_the_benchmarks_of_the_current_directory(tmp_path):
+    checkout = Path(__file__).resolve().parent.parent
+    result = bench_installed(tmp_path, checkout, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: python -m benchmarks" in result.stdout and "floor" in result.stdout
 
 
 def clean_env(**extra: str) -> dict[str, str]:
