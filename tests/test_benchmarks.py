@@ -161,7 +161,6 @@ def test_the_suites_the_command_and_the_readme_name_are_the_benchmarks_own() -> 
     """`responses-ws bench --help` works without the checkout, so it keeps its own list: it must not go stale."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.cli import SUITES
-
     from server_shim.cli import BENCH_SUITES
 
     assert BENCH_SUITES == SUITES
