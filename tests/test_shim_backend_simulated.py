@@ -7,6 +7,7 @@ import time
 
 from server_shim.backends import SimulatedBackend
 from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage
+from server_shim.backends.simulated import MAX_OUTPUT_TOKENS
 from server_shim.history import History
 
 LOOKUP = [{"type": "function", "name": "lookup"}]
@@ -163,3 +164,31 @@ async def test_a_json_schema_format_yields_an_instance_of_the_schema():
         "score": 0.5,
     }
     assert deltas == await collect(SimulatedBackend(), request([user("hi")], options={"response_format": fmt}))
+
+
+HUGE_STRING = {"type": "string", "minLength": 100_000_000}
+
+
+async def test_schema_driven_output_is_cut_at_the_token_budget_without_building_what_the_schema_asks():
+    fmt = {"type": "json_schema", "json_schema": {"name": "huge", "schema": HUGE_STRING}}
+    started = time.perf_counter()
+    structured = await collect(SimulatedBackend(), request([user("hi")], options={"response_format": fmt}))
+    assert sum(len(d.text) for d in structured if isinstance(d, TextDelta)) == MAX_OUTPUT_TOKENS * 8
+    assert structured[-2].output_tokens == MAX_OUTPUT_TOKENS and structured[-1] == Finish("length")
+    small = await collect(
+        SimulatedBackend(), request([user("hi")], max_output_tokens=4, options={"response_format": fmt})
+    )
+    assert "".join(d.text for d in small if isinstance(d, TextDelta)) == '"simulated' + "x" * 22
+    assert small[-1] == Finish("length")
+    tools = [
+        {"type": "function", "name": "big", "parameters": {"type": "array", "items": HUGE_STRING, "minItems": 10**9}}
+    ]
+    called = await collect(SimulatedBackend(), request([user("hi")], tools=tools, tool_choice="required"))
+    assert len(arguments(called)) == MAX_OUTPUT_TOKENS * 8 and called[-1] == Finish("length")
+    assert time.perf_counter() - started < 5, "nothing past the budget is generated"
+
+
+async def test_schema_driven_output_within_the_budget_is_whole_and_finishes_normally():
+    tools = [{"type": "function", "name": "small", "parameters": {"type": "string", "minLength": 20, "maxLength": 25}}]
+    called = await collect(SimulatedBackend(), request([user("hi")], tools=tools, tool_choice="required"))
+    assert json.loads(arguments(called)) == "simulated" + "x" * 11 and called[-1] == Finish("tool_calls")

@@ -202,3 +202,14 @@ async def test_a_conversation_past_its_byte_limit_is_refused_and_a_new_one_start
         # within a few hundred bytes of the limit, so continue from the one before it)
         completed_ok(await run_turn(conn, input="short", previous_response_id=earlier, store=False))
         completed_ok(await run_turn(conn, input="a fresh start", store=False))
+
+
+async def test_a_tool_schema_asking_for_a_huge_argument_ends_incomplete_and_the_connection_chains_on(make_server):
+    server = make_server()
+    tool = {"type": "function", "name": "big", "parameters": {"type": "string", "minLength": 100_000_000}}
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        turn = await run_turn(conn, input="hi", tools=[tool], tool_choice="required", max_output_tokens=64)
+        assert turn.response["status"] == "incomplete"
+        assert turn.response["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert len(turn.response["output"][0]["arguments"]) == 64 * 8
+        completed_ok(await run_turn(conn, input="again", previous_response_id=turn.id))

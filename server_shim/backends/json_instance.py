@@ -1,4 +1,4 @@
-"""A deterministic JSON value that validates against a JSON Schema: what the simulator answers with.
+"""A deterministic JSON text that validates against a JSON Schema: what the simulator answers with.
 
 Covers what structured-output schemas use (the subset OpenAI's strict mode allows and a bit more):
 object, array, string (enum, const, format date/date-time/email/uri), number, integer (bounds),
@@ -7,6 +7,8 @@ boolean, null, anyOf/oneOf/allOf (the first branch; allOf merged), local `$ref`s
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 _FORMATS = {
@@ -19,41 +21,54 @@ _FORMATS = {
 }
 
 
-def json_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
-    """The simplest value `schema` accepts; required properties always present, optional ones too."""
+def json_text(schema: Any, root: Any = None, depth: int = 0) -> Iterator[str]:
+    """The JSON text of the simplest value `schema` accepts (required and optional properties present),
+    piece by piece: a schema may ask for more (`minLength`, `minItems`) than any budget allows, and the
+    caller stops reading when its budget is spent, so nothing past it is ever built."""
     root = schema if root is None else root
     if not isinstance(schema, dict) or depth > 32:
-        return None
-    if "$ref" in schema:
-        return json_instance(_resolve(schema["$ref"], root), root, depth + 1)
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    for key in ("anyOf", "oneOf"):
-        if schema.get(key):
-            return json_instance(schema[key][0], root, depth + 1)
-    if schema.get("allOf"):
+        yield "null"
+    elif "$ref" in schema:
+        yield from json_text(_resolve(schema["$ref"], root), root, depth + 1)
+    elif "const" in schema:
+        yield json.dumps(schema["const"])
+    elif schema.get("enum"):
+        yield json.dumps(schema["enum"][0])
+    elif branches := schema.get("anyOf") or schema.get("oneOf"):
+        yield from json_text(branches[0], root, depth + 1)
+    elif schema.get("allOf"):
         merged: dict[str, Any] = {}
         for part in schema["allOf"]:
             merged = _merge(merged, _resolve(part["$ref"], root) if "$ref" in part else part)
-        return json_instance(merged, root, depth + 1)
+        yield from json_text(merged, root, depth + 1)
+    else:
+        yield from _typed(schema, root, depth)
+
+
+def _typed(schema: dict[str, Any], root: Any, depth: int) -> Iterator[str]:
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object" or (kind is None and "properties" in schema):
-        properties = schema.get("properties") or {}
-        return {name: json_instance(sub, root, depth + 1) for name, sub in properties.items()}
-    if kind == "array":
-        count = int(schema.get("minItems") or 1)
-        return [json_instance(schema.get("items") or {"type": "string"}, root, depth + 1) for _ in range(count)]
-    if kind in ("integer", "number"):
-        return _number(schema, integer=kind == "integer")
-    if kind == "boolean":
-        return True
-    if kind == "null":
-        return None
-    return _string(schema)
+        yield "{"
+        for index, (name, sub) in enumerate((schema.get("properties") or {}).items()):
+            yield f"{', ' if index else ''}{json.dumps(name)}: "
+            yield from json_text(sub, root, depth + 1)
+        yield "}"
+    elif kind == "array":
+        yield "["
+        for index in range(_count(schema.get("minItems"), 1)):
+            yield ", " if index else ""
+            yield from json_text(schema.get("items") or {"type": "string"}, root, depth + 1)
+        yield "]"
+    elif kind in ("integer", "number"):
+        yield json.dumps(_number(schema, integer=kind == "integer"))
+    elif kind == "boolean":
+        yield "true"
+    elif kind == "null":
+        yield "null"
+    else:
+        yield from _string(schema)
 
 
 def _number(schema: dict[str, Any], *, integer: bool) -> int | float:
@@ -65,13 +80,20 @@ def _number(schema: dict[str, Any], *, integer: bool) -> int | float:
     return int(value) if integer else float(value)
 
 
-def _string(schema: dict[str, Any]) -> str:
+def _string(schema: dict[str, Any]) -> Iterator[str]:
     text = _FORMATS.get(schema.get("format", ""), "simulated")
-    minimum = int(schema.get("minLength") or 0)
-    if len(text) < minimum:
-        text = text + "x" * (minimum - len(text))
-    maximum = schema.get("maxLength")
-    return text[: int(maximum)] if maximum is not None else text
+    length = max(len(text), _count(schema.get("minLength"), 0))
+    if schema.get("maxLength") is not None:
+        length = min(length, _count(schema["maxLength"], length))
+    yield json.dumps(text[:length])[:-1]
+    padding = length - min(len(text), length)
+    for start in range(0, padding, 4096):
+        yield "x" * min(4096, padding - start)
+    yield '"'
+
+
+def _count(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 def _resolve(ref: str, root: Any) -> Any:

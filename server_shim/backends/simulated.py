@@ -30,11 +30,13 @@ from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, estimate_tokens
 from .chat_convert import ChatPrompt, chat_prompt, chat_tools_and_choice, render_items
-from .json_instance import json_instance
+from .json_instance import json_text
 
 DEFAULT_TOKENS = 16
 MAX_OUTPUT_TOKENS = 32_768
 """The simulator never streams more, whatever `max_output_tokens` asks (then it finishes with 'length')."""
+CHARS_PER_TOKEN = 8
+"""Structured output and call arguments stream in pieces of this many characters, one token each."""
 WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ", "token ", "stream ")
 
 
@@ -67,10 +69,20 @@ class SimulatedBackend:
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
         call = None if self.guard else _requested_call(request, prompt)
+        budget = _budget(request)
+        cut = False
         if self.guard:
             pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(prompt))])
+        elif call:
+            arguments, cut = _bounded(call[1], budget * CHARS_PER_TOKEN)
+            pieces = iter(_call_pieces((call[0], arguments), prompt.count))
         else:
-            pieces = iter(_call_pieces(call, prompt.count)) if call else _text_pieces(request, prompt)
+            structured = _structured(request.options.get("response_format"))
+            if structured is None:
+                pieces, cut = _text_pieces(request, prompt), (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
+            else:
+                text, cut = _bounded(structured, budget * CHARS_PER_TOKEN)
+                pieces = (TextDelta(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN))
         pacer = _Pacer(self.ttft_s, self.tokens_per_s)
         output_tokens = 0
         for index, piece in enumerate(pieces):
@@ -81,8 +93,7 @@ class SimulatedBackend:
         cached_nbytes = prompt.nbytes - sum(len(encode(m)) + 1 for m in render_items(request.new_items))
         cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
-        capped = (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
-        yield Finish("tool_calls" if call else "length" if capped else "stop")
+        yield Finish("length" if cut else "tool_calls" if call else "stop")
 
     def _guard_verdict(self, prompt: ChatPrompt) -> str:
         users = [m for m in prompt.messages if m["role"] == "user"]
@@ -108,12 +119,27 @@ class _Pacer:
             await asyncio.sleep(0)
 
 
+def _budget(request: BackendRequest) -> int:
+    """The output tokens this response may have: `max_output_tokens`, never more than `MAX_OUTPUT_TOKENS`."""
+    asked = request.max_output_tokens
+    return MAX_OUTPUT_TOKENS if asked is None else min(asked, MAX_OUTPUT_TOKENS)
+
+
+def _bounded(chunks: Iterator[str], limit: int) -> tuple[str, bool]:
+    """At most `limit` characters of lazily generated text, and whether there was more (never generated)."""
+    parts: list[str] = []
+    size = 0
+    for chunk in chunks:
+        if size + len(chunk) > limit:
+            parts.append(chunk[: limit - size])
+            return "".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return "".join(parts), False
+
+
 def _text_pieces(request: BackendRequest, prompt: ChatPrompt) -> Iterator[Delta]:
     """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
-    structured = _structured(request.options.get("response_format"))
-    if structured is not None:
-        yield from (TextDelta(structured[i : i + 8]) for i in range(0, len(structured), 8))
-        return
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
     count = min(count, MAX_OUTPUT_TOKENS)
     last = prompt.last_message
@@ -123,17 +149,17 @@ def _text_pieces(request: BackendRequest, prompt: ChatPrompt) -> Iterator[Delta]
     yield from (TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count)))
 
 
-def _structured(response_format: Any) -> str | None:
+def _structured(response_format: Any) -> Iterator[str] | None:
     if not isinstance(response_format, dict):
         return None
     if response_format.get("type") == "json_schema":
-        return json.dumps(json_instance(response_format.get("json_schema", {}).get("schema", {})))
+        return json_text(response_format.get("json_schema", {}).get("schema", {}))
     if response_format.get("type") == "json_object":
-        return json.dumps({"simulated": True})
+        return iter([json.dumps({"simulated": True})])
     return None
 
 
-def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, str] | None:
+def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, Iterator[str]] | None:
     last = prompt.last_message
     tools, choice = chat_tools_and_choice(request)
     if not tools:
@@ -148,18 +174,18 @@ def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, s
     forced = _forced(choice, schemas)
     if forced is None or (last is not None and last["role"] == "tool"):
         return None
-    return forced, json.dumps(json_instance(schemas[forced] or {"type": "object"}))
+    return forced, json_text(schemas[forced] or {"type": "object"})
 
 
-def _directive(line: str, rest: list[str], schemas: dict[str, Any]) -> tuple[str, str] | None:
+def _directive(line: str, rest: list[str], schemas: dict[str, Any]) -> tuple[str, Iterator[str]] | None:
     parts = line.split(" ", 2)
     if len(parts) < 2 or parts[1] not in schemas:
         return None
     if parts[0] == "custom":
-        return parts[1], json.dumps({"input": "\n".join([*parts[2:], *rest])})
+        return parts[1], iter([json.dumps({"input": "\n".join([*parts[2:], *rest])})])
     if parts[0] == "call" and len(parts) == 3:
         try:
-            return parts[1], json.dumps(json.loads(parts[2]))
+            return parts[1], iter([json.dumps(json.loads(parts[2]))])
         except json.JSONDecodeError:
             return None
     return None
