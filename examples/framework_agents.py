@@ -11,6 +11,15 @@ Each agent has a `lookup` tool and runs three tasks on one conversation. Against
 simulator the model calls the tool because the task says `call lookup {...}`, then answers with
 the tool's result. The script prints the answers and the session's stats: turns sent, and how
 many of them went with `previous_response_id` and only their new messages.
+
+Each framework is an optional install: `pip install -e '.[pydantic-ai]'` (or `.[autogen]`,
+`.[langchain]`) from this checkout; LlamaIndex and CrewAI pin openai<3, so they go in a venv of
+their own with `pip install -e . -r tests/frameworks/requirements.txt`. A missing one is named, exit 2.
+
+The model name defaults to `gpt-4o-mini`, not the other examples' `simulated-1`: LlamaIndex and
+CrewAI refuse model names they do not know, so the shim started here serves its simulator under
+that name (`default_model`). The key is `--api-key`, else `OPENAI_API_KEY`, else `sk-local` (the
+shim started here checks none; a real endpoint needs its own).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,6 +143,16 @@ FRAMEWORKS: dict[str, Callable[[str, str, str], tuple[list[str], Any]]] = {
 }
 
 
+INSTALL = {
+    "pydantic-ai": "pip install -e '.[pydantic-ai]'",
+    "autogen": "pip install -e '.[autogen]'",
+    "langchain": "pip install -e '.[langchain]'",
+    "llama-index": "pip install -e . -r tests/frameworks/requirements.txt  (a venv of its own: openai<3)",
+    "crewai": "pip install -e . -r tests/frameworks/requirements.txt  (a venv of its own: openai<3)",
+}
+"""What each framework needs, from the repository root."""
+
+
 @contextlib.contextmanager
 def endpoint(base_url: str | None) -> Iterator[str]:
     """`base_url` as given, else a shim on a free loopback port with the simulated backend."""
@@ -148,10 +168,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("framework", choices=sorted(FRAMEWORKS))
     parser.add_argument("--base-url", help="a real endpoint instead of a shim on loopback")
-    parser.add_argument("--model", default="gpt-4o-mini")
+    parser.add_argument("--model", default="gpt-4o-mini", help="default gpt-4o-mini: a name every framework accepts")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY", "sk-local"), help="default: $OPENAI_API_KEY, else sk-local"
+    )
     args = parser.parse_args()
-    with endpoint(args.base_url) as base_url:
-        outputs, stats = FRAMEWORKS[args.framework](base_url, os.environ.get("OPENAI_API_KEY", "sk-local"), args.model)
+    try:
+        with endpoint(args.base_url) as base_url:
+            outputs, stats = FRAMEWORKS[args.framework](base_url, args.api_key, args.model)
+    except ModuleNotFoundError as exc:
+        print(f"{args.framework} needs {exc.name!r}, which is not installed: {INSTALL[args.framework]}", file=sys.stderr)
+        sys.exit(2)
     for task, output in zip(TASKS, outputs, strict=True):
         print(f"{task.splitlines()[0]} -> {output[:60]}")
     print(f"{args.framework}: {stats.turns_chained} of {stats.turns} turns chained, {stats.fallbacks} over HTTP")

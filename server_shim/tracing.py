@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from .turn import Turn
 
-EXTRA = "pip install 'responses-ws[otel]'"
+EXTRA = "pip install -e '.[otel]' from the responses-ws checkout"
 TRACE_HEADERS = (b"traceparent", b"tracestate")
 
 _tracer: Any = None

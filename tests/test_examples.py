@@ -90,6 +90,24 @@ def test_base_url_needs_a_model() -> None:
     assert "--model is required" in done.stderr
 
 
+def test_framework_agent_example_names_what_to_install_for_a_missing_framework() -> None:
+    """LlamaIndex pins openai<3, so the main venv lacks it: the script says how to get it, exit 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "examples/framework_agents.py", "llama-index"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "llama-index needs 'llama_index'" in done.stderr
+    assert "tests/frameworks/requirements.txt" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_sidecar_config_is_valid() -> None:
     out = run_example("-m", "server_shim.cli", "check-config", "examples/sidecar.toml")
     assert "OK, 2 deployment(s)" in out

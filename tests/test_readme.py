@@ -44,6 +44,7 @@ NOT_RUN = {  # blocks marked {norun: ...}, by their first line: each is a comman
     "pip install -e '.[dev]' && python -m benchmarks          # or: responses-ws bench; --quick for a smoke run",
     "pip install -e '.[dev,llama]' && pytest -q",
     "apt-get install redis-server            # or any Redis 6+; persistence is up to you",
+    'RESPONSES_WS_DEFAULT_MODEL=gpt-4o responses-ws serve   # the simulator now answers model="gpt-4o"',
 }
 PYTHON_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 120
