@@ -170,14 +170,18 @@ def main() -> None:
     parser.add_argument("--base-url", help="a real endpoint instead of a shim on loopback")
     parser.add_argument("--model", default="gpt-4o-mini", help="default gpt-4o-mini: a name every framework accepts")
     parser.add_argument(
-        "--api-key", default=os.environ.get("OPENAI_API_KEY", "sk-local"), help="default: $OPENAI_API_KEY, else sk-local"
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "sk-local"),
+        help="default: $OPENAI_API_KEY, else sk-local",
     )
     args = parser.parse_args()
     try:
         with endpoint(args.base_url) as base_url:
             outputs, stats = FRAMEWORKS[args.framework](base_url, args.api_key, args.model)
     except ModuleNotFoundError as exc:
-        print(f"{args.framework} needs {exc.name!r}, which is not installed: {INSTALL[args.framework]}", file=sys.stderr)
+        print(
+            f"{args.framework} needs {exc.name!r}, which is not installed: {INSTALL[args.framework]}", file=sys.stderr
+        )
         sys.exit(2)
     for task, output in zip(TASKS, outputs, strict=True):
         print(f"{task.splitlines()[0]} -> {output[:60]}")

@@ -223,9 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=30, help="turns in the loop (default 30)")
     demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
     demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
-    demo.set_defaults(
-        func=_demo, log_level="WARNING"
-    )  # the table, not a log line per turn; --log-level INFO shows them
+    # The table, not a log line per response; `demo --log-level INFO` shows them.
+    demo.set_defaults(func=_demo, log_level="WARNING")
 
     usage = sub.add_parser("usage", help="usage totals per tenant and model from the usage ledger", parents=[common])
     usage.add_argument("--since", help="90m, 24h, 7d or an ISO date/time (default: everything)")
