@@ -88,6 +88,7 @@ class BackendError(Exception):
         retry_after_s: float | None = None,
         detail: str | None = None,
         public: bool = False,
+        unreached: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -95,6 +96,10 @@ class BackendError(Exception):
         self.retry_after_s = retry_after_s
         self.detail = detail
         self.public = public
+        self.unreached = unreached
+        """Why the backend was never reached ('connection refused'): safe for the client, unlike the address."""
+        self.deployment: str | None = None
+        """The deployment that failed (set by the router): clients may see its name, never its URL."""
 
     @property
     def backend_fault(self) -> bool:
@@ -115,13 +120,17 @@ class BackendError(Exception):
             return APIError(504, "backend_timeout", message, type="server_error")
         if status == 503:
             message = str(self) if self.public else f"The backend is unavailable (status 503){said}."
-            return APIError(503, "backend_unavailable", message, type="server_error")
+            return APIError(503, "backend_unavailable", message, type="server_error", retry_after_s=self.retry_after_s)
         if status is not None and 400 <= status < 500:
             return APIError(
                 400, "backend_rejected_request", f"The backend rejected the request (status {status}){said}."
             )
         if self.public:
             return APIError(502, "backend_error", str(self), type="server_error")
+        if self.unreached:
+            where = f" to deployment {self.deployment!r}" if self.deployment else ""
+            message = f"The backend was not reached: {self.unreached}{where}."
+            return APIError(502, "backend_error", message, type="server_error")
         message = f"The backend failed (status {status})." if status else "The backend failed before finishing."
         return APIError(502, "backend_error", message, type="server_error")
 

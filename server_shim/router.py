@@ -170,9 +170,7 @@ class Router:
         if request.stages is not None:
             request.stages.mark("route")
         if not candidates:
-            raise BackendError(
-                f"no available deployment serves model {request.model!r}", status=503, retryable=False, public=True
-            )
+            raise self._unavailable(request.model)
         last_error: BackendError | None = None
         for index, deployment in enumerate(candidates):
             if index:
@@ -197,6 +195,20 @@ class Router:
         assert last_error is not None
         raise last_error
 
+    def _unavailable(self, alias: str) -> BackendError:
+        """No candidate: say whether none serves the model or which are resting, why, and for how long."""
+        now = self.clock()
+        resting = [d for d in self.deployments.values() if d.serves(alias)]
+        if not resting:
+            return BackendError(
+                f"no available deployment serves model {alias!r}", status=503, retryable=False, public=True
+            )
+        reasons = [_why_resting(d, now) for d in resting]
+        wait = min(max(d.health.open_until, d.health.limited_until) - now for d in resting)
+        return BackendError(
+            "; ".join(reasons), status=503, retryable=False, public=True, retry_after_s=max(1.0, round(wait, 1))
+        )
+
     async def _stream_one(self, deployment: Deployment, routed: BackendRequest) -> AsyncGenerator[Delta, None]:
         deployment.in_flight += 1
         start = self.clock()
@@ -212,6 +224,7 @@ class Router:
                     deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
                 yield delta
         except BackendError as exc:
+            exc.deployment = exc.deployment or deployment.name
             if exc.status == 429:
                 deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s, self.clock())
             elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
@@ -349,3 +362,16 @@ def factory_for(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Bac
     except TypeError as exc:
         raise ValueError(f"deployment {spec.name!r}: kind {spec.kind!r} does not take these options: {exc}") from None
     return factory
+
+
+def _why_resting(deployment: Deployment, now: float) -> str:
+    """`deployment 'x' unavailable: breaker open after 3 faults, retry after 29.5 s` (no address, no URL).
+
+    Only for a deployment `Health.available` refuses: its breaker is open or the backend said 429.
+    """
+    health = deployment.health
+    if now < health.open_until:
+        why = f"breaker open after {health.consecutive_failures} faults, retry after {health.open_until - now:.1f} s"
+    else:
+        why = f"rate limited by the backend, retry after {health.limited_until - now:.1f} s"
+    return f"deployment {deployment.name!r} unavailable: {why}"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterator
 
 import pytest
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI, InternalServerError
+from support.chat_server import closed_port
 from support.fault_backend import LEAKY_ERROR, MODEL, FaultBackend
 from support.wire import API_KEY, completed_ok, run_turn
 
@@ -100,7 +102,31 @@ async def test_backend_5xx_do_open_the_breaker(make_server, backend):
             assert turn.error["error"]["message"] == "The backend failed (status 500)."
         refused = await run_turn(conn, model=MODEL, input="x", store=False)
         assert refused.error["error"]["code"] == "backend_unavailable"
+        message = refused.error["error"]["message"]
+        assert re.fullmatch(
+            r"deployment 'faulty' unavailable: breaker open after 3 faults, retry after \d+\.\d s", message
+        )
     assert backend.requests == 3, "the open breaker sent nothing more to the failing backend"
+
+
+async def test_a_backend_that_is_down_says_connection_refused_then_breaker_open_naming_the_deployment(make_server):
+    down = f"http://127.0.0.1:{closed_port()}/v1"
+    shim = make_server(config=config(down))
+    async with AsyncOpenAI(base_url=shim.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        for _ in range(3):
+            with pytest.raises(InternalServerError) as caught:
+                await sdk.responses.create(model=MODEL, input="x", store=False)
+            assert caught.value.status_code == 502
+            assert (
+                caught.value.body["message"]
+                == "The backend was not reached: connection refused to deployment 'faulty'."
+            )
+        with pytest.raises(APIStatusError) as resting:
+            await sdk.responses.create(model=MODEL, input="x", store=False)
+    assert resting.value.status_code == 503 and resting.value.body["code"] == "backend_unavailable"
+    assert resting.value.body["message"].startswith("deployment 'faulty' unavailable: breaker open after 3 faults")
+    assert 1 <= float(resting.value.response.headers["retry-after"]) <= 30
+    assert "127.0.0.1" not in str(caught.value.body) + str(resting.value.body), "no backend address reaches clients"
 
 
 # --- deadlines over a real server ----------------------------------------------------------------

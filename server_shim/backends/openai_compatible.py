@@ -36,7 +36,7 @@ from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
 from .chat_convert import ChatPrompt, chat_body, chat_prompt, chat_tools_and_choice
-from .pooled import PooledHTTPBackend
+from .pooled import PooledHTTPBackend, unreached
 from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,9 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
                         continue
                     raise error
         except httpx2.HTTPError as exc:
-            raise BackendError(f"backend {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
+            raise BackendError(
+                f"backend {self.base_url} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
+            ) from exc
 
     def _body(self, request: BackendRequest, prompt: ChatPrompt, with_stream_options: bool) -> bytes:
         """The request body with this deployment's quirks applied."""

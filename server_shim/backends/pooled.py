@@ -42,7 +42,7 @@ class PooledHTTPBackend:
         try:
             response = await self._client.get("/models")
         except httpx2.HTTPError as exc:
-            raise BackendError(f"backend {self.base_url} unreachable: {exc}") from exc
+            raise BackendError(f"backend {self.base_url} unreachable: {exc}", unreached=unreached(exc)) from exc
         if response.status_code != 200:
             raise BackendError(
                 f"backend {self.base_url} /models answered {response.status_code}", status=response.status_code
@@ -78,3 +78,19 @@ def error_message(body: str) -> str | None:
             if isinstance(candidate, str) and candidate:
                 return candidate
     return None
+
+
+def unreached(exc: BaseException) -> str | None:
+    """Why a request never reached the backend, in words a client may see; None when it did reach it."""
+    if isinstance(exc, httpx2.ConnectTimeout):
+        return "connection timed out"
+    if not isinstance(exc, httpx2.ConnectError):
+        return None
+    cause: BaseException | None = exc
+    for _ in range(8):  # httpx2 wraps the socket's error a few levels down
+        if cause is None:
+            break
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    return "connection failed"

@@ -32,7 +32,7 @@ from websockets.asyncio.client import ClientConnection
 
 from ..errors import BackendError
 from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, loads
-from .pooled import PooledHTTPBackend
+from .pooled import PooledHTTPBackend, unreached
 from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                         return
                 raise BackendError("upstream stream ended before the response finished")
         except httpx2.HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
+            raise BackendError(
+                f"upstream {self.base_url} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
+            ) from exc
 
     async def _stream_websocket(self, request: BackendRequest, connection_id: str) -> AsyncGenerator[Delta, None]:
         upstream = await self._upstream(connection_id)
