@@ -236,7 +236,11 @@ def input_items_page(items: list[Item], query: Mapping[str, str]) -> dict[str, A
     after = query.get("after")
     if after is not None:
         ids = [item["id"] for item in listed]
-        listed = listed[ids.index(after) + 1 :] if after in ids else []
+        if after not in ids:  # an empty page would end a client's pagination silently
+            raise APIError(
+                404, "item_not_found", f"Item with id '{after}' not found in this response's input.", "after"
+            )
+        listed = listed[ids.index(after) + 1 :]
     page = listed[:limit]
     return {
         "object": "list",

@@ -15,6 +15,11 @@ Item = dict[str, Any]
 MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PART_TYPES = frozenset({"input_text", "output_text", "refusal"})
 PART_TYPES = TEXT_PART_TYPES | {"input_image", "input_file"}
+PART_STRINGS = {
+    "input_image": ("image_url", "file_id", "detail"),
+    "input_file": ("file_data", "file_id", "file_url", "filename"),
+}
+"""The string (or null) fields of the SDK's image and file parts."""
 ITEM_TYPES = sdk_literal_types(ResponseInputItemParam) | {"message", "item_reference"}
 """Every input item type of the SDK's union. Those a chat backend cannot use are dropped when rendering."""
 CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
@@ -108,6 +113,9 @@ def _validate_message(item: Item, param: str) -> None:
             key = "refusal" if part_type == "refusal" else "text"
             if not isinstance(part.get(key), str):
                 raise invalid("invalid_type", f"'{part_param}.{key}' must be a string.", f"{part_param}.{key}")
+        for key in PART_STRINGS.get(part_type, ()):
+            if part.get(key) is not None and not isinstance(part[key], str):
+                raise invalid("invalid_value", f"'{part_param}.{key}' must be a string.", f"{part_param}.{key}")
 
 
 def _require_str(item: Item, keys: tuple[str, ...], param: str) -> None:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from .errors import APIError, invalid
 from .limits import DEFAULT_LIMITS, RequestLimits, check_body
 
 STREAM_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,256}$")
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+"""The SDK's `ServiceTier` (openai/types/responses/service_tier.py); written out, as older SDKs lack the module."""
+REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+"""The SDK's `ReasoningEffort` literals (openai/types/shared/reasoning_effort.py)."""
 
 
 class CreateRequest(BaseModel):
@@ -24,24 +28,24 @@ class CreateRequest(BaseModel):
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    store: bool | None = None
-    stream: bool | None = None
-    background: bool | None = None
-    generate: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    background: StrictBool | None = None
+    generate: StrictBool | None = None
     stream_id: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, ge=0, le=1)
     metadata: dict[str, str] | None = None
     text: dict[str, Any] | None = None
     user: str | None = None
     reasoning: dict[str, Any] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    max_tool_calls: int | None = Field(default=None, ge=1)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    max_tool_calls: StrictInt | None = Field(default=None, ge=1)
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
 
@@ -89,6 +93,13 @@ def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits
             "unsupported_parameter",
             "'conversation' is not supported by this server; chain with 'previous_response_id'.",
             "conversation",
+        )
+    effort = (request.reasoning or {}).get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise invalid(
+            "invalid_value",
+            f"Invalid value for 'reasoning.effort': expected one of {sorted(REASONING_EFFORTS)}, got {effort!r}.",
+            "reasoning.effort",
         )
     if request.stream_id is not None and not websocket:
         raise invalid("unsupported_parameter", "'stream_id' is only valid over WebSocket.", "stream_id")

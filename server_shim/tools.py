@@ -86,6 +86,7 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
             )
         if kind in CALLABLE_TYPES:
             _require_name(tool, param)
+            _require_object(tool, param)
         if kind == "namespace":
             members = tool.get("tools")
             if not isinstance(members, list) or not members:
@@ -97,6 +98,7 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
                         "invalid_value", f"'{member_param}' must be a function or custom tool.", f"{member_param}.type"
                     )
                 _require_name(member, member_param)
+                _require_object(member, member_param)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None, hosted: HostedPolicy = "drop") -> ChatTools:
@@ -161,16 +163,23 @@ def _require_name(tool: dict[str, Any], param: str) -> None:
         raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.name'.", f"{param}.name")
 
 
+def _require_object(tool: dict[str, Any], param: str) -> None:
+    """A function's `parameters` and a custom tool's `format` are objects (or null) in the SDK's types."""
+    key = "format" if tool.get("type") == "custom" else "parameters"
+    if key in tool and tool[key] is not None and not isinstance(tool[key], dict):
+        raise invalid("invalid_value", f"Invalid value for '{param}.{key}': expected an object.", f"{param}.{key}")
+
+
 def chat_tool_choice(choice: Any, tools: ChatTools) -> tuple[list[dict[str, Any]] | None, Any]:
     """The tools to send and the chat `tool_choice` for every form of the SDK's `ToolChoice`.
 
     `allowed_tools` narrows the tools sent (portable, unlike chat's own `allowed_tools`); forcing a
     hosted tool the backend does not have falls back to `auto`.
     """
-    if choice is None or not tools.tools:
+    if choice is None:
         return tools.tools, None
     if choice in ("auto", "none", "required"):
-        return tools.tools, choice
+        return tools.tools, choice if tools.tools else None
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind in ("function", "custom") and isinstance(choice.get("name"), str):
         chat = tools.chat_name(choice["name"], custom=kind == "custom", namespace=choice.get("namespace"))
@@ -179,10 +188,10 @@ def chat_tool_choice(choice: Any, tools: ChatTools) -> tuple[list[dict[str, Any]
         return tools.tools, {"function": {"name": chat}, "type": "function"}
     if kind == "allowed_tools" and choice.get("mode") in ("auto", "required") and isinstance(choice.get("tools"), list):
         allowed = {chat for ref in choice["tools"] if isinstance(ref, dict) for chat in _chat_names(ref, tools)}
-        narrowed = [tool for tool in tools.tools if tool["function"]["name"] in allowed]
+        narrowed = [tool for tool in tools.tools or () if tool["function"]["name"] in allowed]
         return narrowed or None, choice["mode"] if narrowed else None
     if kind in HOSTED_TYPES | {"mcp", "programmatic_tool_calling", "computer_use"}:
-        return tools.tools, "auto"
+        return tools.tools, "auto" if tools.tools else None
     raise invalid("invalid_value", "Invalid value for 'tool_choice'.", "tool_choice")
 
 

@@ -87,3 +87,12 @@ def test_unknown_routes_and_methods_answer_with_a_json_error(server, method, pat
     assert answer.headers["content-type"] == "application/json"
     error = answer.json()["error"]
     assert error["code"] == code and error["type"] == "invalid_request_error" and path in error["message"]
+
+
+async def test_input_items_after_an_unknown_item_is_item_not_found(client, server):
+    response = await client.responses.create(model=MODEL, input=[user("a"), user("b")])
+    with pytest.raises(openai.NotFoundError) as refused:
+        await client.responses.input_items.list(response.id, after="nope")
+    assert refused.value.code == "item_not_found" and refused.value.body["param"] == "after"
+    last = (await client.responses.input_items.list(response.id, order="asc")).data[-1].id
+    assert (await client.responses.input_items.list(response.id, after=last, order="asc")).data == []
