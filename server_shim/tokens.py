@@ -198,6 +198,13 @@ class TokenCount:
             log.warning("token count failed, the backend's usage stands: %s", exc)
             return None
 
+    def done(self) -> Counted | None:
+        """The count if it has already finished (a turn cut short does not wait for it)."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
     def cancel(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()

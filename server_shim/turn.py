@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-from .backends.base import Backend, BackendRequest, Carry, Routed
+from .backends.base import Backend, BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
 from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
@@ -146,6 +146,10 @@ class Turn:
         """Set when `events()` starts the response."""
         self.steering: SteerSlot | None = None
         """Steering queued on this response (WebSocket only); checked between deltas."""
+        self._assembler: OutputAssembler | None = None
+        self._created_at = 0.0
+        self._produced = 0
+        """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
 
     async def prepare(self) -> None:
         """Everything before inference; raises `APIError` and leaves all state untouched."""
@@ -245,19 +249,21 @@ class Turn:
                 async for event in events:
                     yield event
         finally:
+            if self.response_id is not None and self.result.response is None:
+                self._abandoned(plan)
             pending.cancel()
             plan.counting.cancel()
 
     async def _events(self, plan: _Plan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
         request = self.request
         response_id = self.response_id = new_id("resp")
-        created_at = time.time()
+        created_at = self._created_at = time.time()
         self._started = time.monotonic()
         pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
         yield self.seq("response.created", response=pending)
         yield self.seq("response.in_progress", response=pending)
 
-        assembler = OutputAssembler(self.seq)
+        assembler = self._assembler = OutputAssembler(self.seq)
         steered = False
         stages = self.result.stages
         stages.restart()
@@ -291,6 +297,8 @@ class Turn:
                             continue
                         if self._first_token is None:
                             self._first_token = time.monotonic()
+                        if isinstance(delta, (TextDelta, ToolCallDelta)):
+                            self._produced += 1
                         for event in assembler.feed(delta):
                             stages.mark_first_token()
                             yield event
@@ -343,6 +351,32 @@ class Turn:
         stages.mark("finalize")
         self.env.post_inference.submit(final, self._info())  # before the client has it: usage is never lost
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
+
+    def _abandoned(self, plan: _Plan) -> None:
+        """The caller stopped the response (its client went away): it is metered all the same, as `cancelled`.
+
+        The output tokens are the backend's figure when it sent one, else one per delta streamed; the
+        input tokens the count beside inference when it finished, else the sent history's bytes / 4.
+        """
+        assembler = self._assembler or OutputAssembler(self.seq)
+        assembler.close("incomplete")
+        counted = plan.counting.done()
+        usage = assembler.usage or Usage(
+            input_tokens=counted.input_tokens if counted else plan.sent_history.items_held // 4,
+            output_tokens=self._produced,
+            estimated=True,
+        )
+        assert self.response_id is not None
+        cancelled = response_object(
+            self.response_id,
+            self.request,
+            status="cancelled",
+            output=assembler.output,
+            usage=usage,
+            created_at=self._created_at,
+        )
+        self.result.response = cancelled
+        self.env.post_inference.submit(cancelled, self._info())
 
     def _info(self) -> TurnInfo:
         """Who and where, and how long: what post-inference sinks and the usage ledger record."""

@@ -164,6 +164,8 @@ class ResponsesConnection:
                     continue
                 async with self._in_flight:
                     await self._run_turn(request, stream_id)
+        except WebSocketDisconnect:
+            pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
             while not lane.queue.empty():
                 self._dequeued(lane.queue.get_nowait()[1])
@@ -252,15 +254,19 @@ class ResponsesConnection:
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
-            if self._writable is not None and self._writable():  # the send will not wait: no timer needed
-                await self.websocket.send_text(text)
-                return
             try:
+                if self._writable is not None and self._writable():  # the send will not wait: no timer needed
+                    await self.websocket.send_text(text)
+                    return
                 async with asyncio.timeout(self.settings.send_timeout_s):
                     await self.websocket.send_text(text)
             except TimeoutError:
                 self._close_slow_reader()
                 raise WebSocketDisconnect(CLOSE_POLICY_VIOLATION) from None
+            except (OSError, RuntimeError):  # closed under us (peer gone, or closed with 1009)
+                self.state = ConnectionState.CLOSED
+                self._room.set()
+                raise WebSocketDisconnect(1006) from None
 
     def _close_slow_reader(self) -> None:
         """The client has not read for `send_timeout_s`: it holds a slot and a buffer, so it is let go."""
