@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
@@ -65,6 +66,9 @@ class ShimState:
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the admission decisions (tests pass their own)."""
     trimmer: Trimmer = field(default_factory=Trimmer)
+    store_answered: bool = False
+    """Whether the store has answered once: `/readyz` waits for that, as for a deployment (a later outage
+    does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def record_turn(self, turn: Turn) -> None:
@@ -165,6 +169,11 @@ def create_app(
         if isinstance(env.backend, HasBackgroundWork):
             await env.backend.start()
         await env.post_inference.start()
+        shim.store_answered = await env.store.ping()
+        if not shim.store_answered:
+            log.warning(
+                "the response store at %s does not answer: /readyz says 503 until it does", store_address(shim.settings)
+            )
         yield
         await shim.close_connections()
         await env.post_inference.aclose()
@@ -194,6 +203,12 @@ def create_app(
     if keys:
         app.add_middleware(BearerAuth, keys=keys)
     return app
+
+
+def store_address(settings: Settings) -> str:
+    """Where the store is, for a log line: host and port (or socket path), never the URL's password."""
+    parts = urlsplit(settings.store)
+    return parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
 
 
 def build_store(settings: Settings) -> ResponseStore:

@@ -286,19 +286,22 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when at least one deployment has answered and can take traffic; the body shows each one."""
+    """Ready when the store has answered once and a deployment has answered and can take traffic; the body
+    shows each one."""
     shim: ShimState = request.app.state.shim
     backend = shim.env.backend
     deployments = backend.status() if isinstance(backend, ReportsStatus) else {backend.name: {"available": True}}
-    ready = any(d["available"] and d.get("answered", True) for d in deployments.values())
+    if not shim.store_answered:
+        shim.store_answered = await shim.env.store.ping()
+    ready = shim.store_answered and any(d["available"] and d.get("answered", True) for d in deployments.values())
     if not _probe_details(request):
         return json_response(
             {"ready": ready and not shim.gate.draining}, 200 if ready and not shim.gate.draining else 503
         )
     if shim.gate.draining:
         return json_response({"ready": False, "draining": True, "deployments": deployments}, 503)
-    # A shared store that is down does not make this replica unready: every replica shares it, and
-    # turns that only need a connection's cache still work. The body says so for operators.
+    # A shared store that goes down later does not make this replica unready: every replica shares it,
+    # and turns that only need a connection's cache still work. The body says so for operators.
     store = {"kind": "memory" if shim.settings.store == "memory" else "redis", "reachable": await shim.env.store.ping()}
     return json_response({"ready": ready, "deployments": deployments, "store": store}, 200 if ready else 503)
 

@@ -309,3 +309,26 @@ async def test_an_unreachable_backend_is_reported_at_startup_and_readyz_waits_fo
     assert "WARNING responses_ws: listening on 0.0.0.0 with no api key" in output
     assert "deployment 'default' does not answer" in output
     assert "no deployment answers yet: /readyz says 503 until one does" in output
+
+
+async def test_an_unreachable_store_is_reported_at_startup_and_readyz_waits_for_it():
+    port = closed_port()
+    store_port = closed_port()
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), "--store", f"redis://:secret@127.0.0.1:{store_port}/0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+        ready = httpx2.get(f"http://127.0.0.1:{port}/readyz")
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["store"] == {"kind": "redis", "reachable": False}
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    output = process.stdout.read()
+    assert f"the response store at 127.0.0.1:{store_port} does not answer: /readyz says 503 until it does" in output
+    assert "secret" not in output
