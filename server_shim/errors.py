@@ -46,6 +46,16 @@ def previous_response_not_found(response_id: str) -> APIError:
     )
 
 
+def previous_response_in_progress(response_id: str) -> APIError:
+    """The parent is still streaming on another lane of this connection: it exists, but has no output to continue from yet."""
+    return APIError(
+        409,
+        "previous_response_in_progress",
+        f"Previous response with id '{response_id}' is still in progress; wait for its terminal event.",
+        "previous_response_id",
+    )
+
+
 def model_not_found(model: str, served: Sequence[str]) -> APIError:
     """Names what is served, so a client configured for another model (say `gpt-4o` against the simulator)
     learns the fix (`default_model`, a `models` alias, or the served name) from the error itself."""

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import metrics, tracing
 from .admission import QueueBound
 from .backends.base import ConnectionScoped
-from .errors import APIError, internal_error, invalid
+from .errors import APIError, internal_error, invalid, previous_response_in_progress
 from .events import new_id
 from .items import normalize_input
 from .requests import CreateRequest, check_stream_id, parse_create
@@ -194,6 +194,10 @@ class ResponsesConnection:
         self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
     ) -> None:
         """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
+        parent = request.previous_response_id
+        if parent is not None and parent in self.steering.active and parent not in self.cache:
+            await self.send(_with_lane(previous_response_in_progress(parent).event(), stream_id))
+            return
         refusal = self.shim.limiter.acquire(self.tenant, self.shim.clock())
         if refusal is not None:
             await self.send(_with_lane(refusal.api_error().event(), stream_id))

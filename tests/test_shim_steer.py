@@ -81,6 +81,23 @@ async def test_a_steer_whose_items_a_create_would_refuse_fails_at_once_and_the_r
         assert len(done["response"]["output"][0]["content"][0]["text"].split()) == 100
 
 
+async def test_chaining_from_a_response_still_running_on_another_lane_says_so_and_works_once_it_ends(slow_client):
+    async with slow_client.responses.connect() as conn:
+        await conn.response.create(model=MODEL, input="write a long story", max_output_tokens=100, stream_id="a")
+        seen: list[dict] = []
+        parent = (await read_until(conn, {"response.created"}, seen))["response"]["id"]
+        await conn.response.create(model=MODEL, input="and then?", previous_response_id=parent, stream_id="b")
+        refused = await read_until(conn, {"error"}, seen)
+        assert refused["stream_id"] == "b" and refused["status"] == 409
+        assert refused["error"]["code"] == "previous_response_in_progress"
+        assert refused["error"]["param"] == "previous_response_id"
+        done = await read_until(conn, {"response.completed"}, seen)
+        assert done["response"]["id"] == parent and not any(e["type"] == "response.created" for e in seen[1:])
+        await conn.response.create(model=MODEL, input="and then?", previous_response_id=parent, stream_id="b")
+        chained = await read_until(conn, {"response.completed"}, seen)
+        assert chained["response"]["previous_response_id"] == parent
+
+
 async def test_a_steer_during_a_tool_call_stays_pending_and_is_prepended_to_the_next_request(make_server, recorder):
     server = make_server(validators=[recorder], simulated_tokens_per_s=4.0)  # a call's two pieces, 250 ms apart
     async with (
