@@ -148,6 +148,9 @@ async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:
             async for event in events:
                 next_sequence = event["sequence_number"] + 1
                 yield _sse_frame(_sse_error(event) if event["type"] == "error" else event)
+                # a backend that never waits (the simulator, a burst) would otherwise keep the loop from
+                # noticing a dropped client: Starlette's disconnect listener runs here and stops the turn
+                await asyncio.sleep(0)
     except Exception:
         log.exception("turn failed unexpectedly")
         yield _sse_frame(_sse_error({"sequence_number": next_sequence, **internal_error().event()}))

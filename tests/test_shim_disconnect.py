@@ -47,12 +47,22 @@ class Metered:
 @pytest.fixture
 def metered(tmp_path) -> Iterator[tuple[BackgroundServer, Metered]]:
     """2000 tokens at 2000 tokens/s on each of three lanes: the socket is busy when the client walks away."""
+    yield from metered_server(tmp_path, float(TOKENS))
+
+
+@pytest.fixture
+def metered_fast(tmp_path) -> Iterator[tuple[BackgroundServer, Metered]]:
+    """A backend that never waits between tokens (100,000 a second): the loop must still notice the client leave."""
+    yield from metered_server(tmp_path, 100_000.0)
+
+
+def metered_server(tmp_path: Any, tokens_per_s: float) -> Iterator[tuple[BackgroundServer, Metered]]:
     recorder = Metered()
     manager = create_plugin_manager(load_entry_points=False)
     manager.register(recorder)
     settings = Settings(
         usage_path=str(tmp_path / "usage.db"),
-        simulated_tokens_per_s=float(TOKENS),
+        simulated_tokens_per_s=tokens_per_s,
         max_frame_bytes=1024,
         drain_timeout_s=2.0,
     )
@@ -139,21 +149,22 @@ async def test_a_frame_over_the_protocol_bound_mid_response_is_no_server_error(m
     assert_quiet(caplog, errors)
 
 
-async def test_an_http_stream_dropped_after_its_first_event_stops_and_is_metered(metered, caplog):
-    server, recorder = metered
+@pytest.mark.parametrize(("speed", "tokens"), [("metered", TOKENS), ("metered_fast", 30_000)])
+async def test_an_http_stream_dropped_after_its_first_event_stops_and_is_metered(speed, tokens, request, caplog):
+    server, recorder = request.getfixturevalue(speed)
     errors = server_errors()
-    body = {"model": MODEL, "input": "write a long story", "max_output_tokens": TOKENS, "stream": True}
+    body = {"model": MODEL, "input": "write a long story", "max_output_tokens": tokens, "stream": True}
     async with httpx.AsyncClient() as http, http.stream("POST", server.base_url + "/responses", json=body) as reply:
         lines = reply.aiter_lines()
         async for line in lines:
             if line.startswith("data:") and '"response.output_text.delta"' in line:
-                response_id = json.loads(line[5:])["item_id"]
+                item_id = json.loads(line[5:])["item_id"]
                 break
     for _ in range(200):
         if recorder.responses:
             break
         await asyncio.sleep(0.01)
     (record,) = recorder.responses
-    assert record["output"][0]["id"] == response_id
-    assert record["status"] == "cancelled" and 1 <= record["usage"]["output_tokens"] < TOKENS
+    assert record["output"][0]["id"] == item_id
+    assert record["status"] == "cancelled" and 1 <= record["usage"]["output_tokens"] < tokens
     assert_quiet(caplog, errors)
