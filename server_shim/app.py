@@ -31,12 +31,14 @@ from .limits import RequestLimits
 from .observe import turn_finished
 from .postinference import PostInference
 from .router import build_router
+from .safety import Classifier, Validator
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys
 from .tokens import counters_by_model
 from .trim import Trimmer
-from .turn import Classifier, Turn, TurnEnv, Validator
+from .turn import Turn
+from .turn_plan import TurnEnv
 from .ws import CLOSE_GOING_AWAY, ResponsesConnection
 
 if TYPE_CHECKING:

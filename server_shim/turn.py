@@ -11,109 +11,31 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, Set
 
 from . import metrics
-from .backends.base import Backend, BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
+from .backends.base import BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
 from .backends.chat_convert import render_items
 from .callids import with_calls
-from .checks import Check, CheckOutcome, CheckRefused, PendingChecks, gated, prepare_checks
-from .compaction import PROCESS_KEY, expand_compactions
+from .checks import CheckRefused, PendingChecks, gated, prepare_checks
+from .compaction import expand_compactions
 from .errors import APIError, BackendError, model_not_found, previous_response_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .history import History
-from .items import CALL_TYPES, Item, normalize_input, resolve_references, validate_items
-from .limits import DEFAULT_LIMITS, RequestLimits, check_conversation_bytes, check_reference_bytes
-from .postinference import PostInference, TurnInfo
+from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
+from .limits import check_conversation_bytes, check_reference_bytes
+from .postinference import TurnInfo
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
-from .safety import Classifier, Validator, run_classifiers, run_validators
-from .stages import StageClock
-from .state import ConnectionCache, ResponseState, ResponseStore
+from .safety import run_classifiers, run_validators
+from .state import ConnectionCache, ResponseState
 from .steer import SteerSlot
-from .tokens import TokenCount, TokenCounter, account
-from .tools import ChatTools, plan_tools, restore_calls
+from .tokens import TokenCount, account
+from .tools import plan_tools, restore_calls
 from .truncation import fit_history
+from .turn_plan import TurnEnv, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TurnEnv:
-    """What every turn on a server shares."""
-
-    backend: Backend
-    store: ResponseStore
-    validators: Sequence[Validator] = ()
-    classifiers: Sequence[Classifier] = ()
-    post_inference: PostInference = field(default_factory=PostInference)
-    serves_model: Callable[[str], bool] = field(default=lambda model: True)
-    """Whether some backend serves this public model name; checked before anything else."""
-    hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
-    """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
-    context_window: Callable[[str, str | None], int | None] = field(default=lambda model, sticky: None)
-    """The context window (tokens) of the deployment this model and sticky route go to, when configured."""
-    limits: RequestLimits = DEFAULT_LIMITS
-    checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
-    """The stateful checks for a public model name (`checks.py`); run beside inference when `overlap_checks`."""
-    overlap_checks: bool = True
-    token_counter: Callable[[str], TokenCounter | None] = field(default=lambda model: None)
-    """The tokenizer of the deployments serving a model, when configured (`tokens.py`)."""
-    compaction_key: bytes = PROCESS_KEY
-    """Signs the compaction items this server makes (`compaction.py`); from `compaction_secret` when set."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """The prepared turn: validated new items appended to the previous history."""
-
-    new_items: list[Item]
-    tools: ChatTools
-    chat_tools: list | None
-    history: History
-    sent_history: History
-    """What the backend gets: `history`, or its tail when `truncation: auto` had to fit a context window."""
-    call_ids: Set[str]
-    previous_items: int
-    deployment: str | None
-    carry: Mapping[str, Any]
-    labels: dict[str, str]
-    backend_tools: list[dict[str, Any]] | None
-    """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
-    base_held: int
-    """Memory of the history this turn extends (shared with the previous state, not its own)."""
-    checks: CheckOutcome = field(default_factory=CheckOutcome)
-    """What the checks run before inference found; merged with those run beside it."""
-    prior_checks: dict[str, Any] = field(default_factory=dict)
-    prior_output: list[Item] = field(default_factory=list)
-    later_checks: list[Check] = field(default_factory=list)
-    new_messages: list[dict[str, Any]] = field(default_factory=list)
-    previous: ResponseState | None = None
-    counting: TokenCount = field(default_factory=lambda: TokenCount(None))
-    tokens: tuple[str, int] | None = None
-
-    def route(self, delta: Carry | Routed) -> None:
-        """What the backend decided for the conversation's next turn."""
-        if isinstance(delta, Routed):
-            self.deployment = delta.deployment
-        self.carry = delta.carry if isinstance(delta, Routed) else delta.values
-
-
-@dataclass
-class TurnResult:
-    """How the turn ended, for callers that need more than the events (metrics, the log line)."""
-
-    response: dict | None = None
-    error: APIError | None = None
-    new_items: int = 0
-    deployment: str | None = None
-    stages: StageClock = field(default_factory=StageClock)
-    plugin_s: dict[str, float] = field(default_factory=dict)
-    """Seconds in validators and in classifiers, included in the `validate` stage."""
-    trace_carrier: dict[str, str] = field(default_factory=dict)
-    """The caller's W3C trace context (`traceparent`, `tracestate`), when tracing is on."""
 
 
 class Turn:
@@ -141,7 +63,7 @@ class Turn:
         self._started = time.monotonic()
         self._first_token: float | None = None
         self._deployment: str | None = None
-        self._plan: _Plan | None = None
+        self._plan: TurnPlan | None = None
         self.response_id: str | None = None
         """Set when `events()` starts the response."""
         self.steering: SteerSlot | None = None
@@ -201,7 +123,7 @@ class Turn:
         history = base.extend(new_items)
         check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
         sent = fit_history(history, self.env.context_window(self.request.model, sticky), self.request, tools.backend)
-        self._plan = _Plan(
+        self._plan = TurnPlan(
             new_items=new_items,
             tools=tools.chat,
             chat_tools=tools.sent,
@@ -254,7 +176,7 @@ class Turn:
             pending.cancel()
             plan.counting.cancel()
 
-    async def _events(self, plan: _Plan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
+    async def _events(self, plan: TurnPlan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
         request = self.request
         response_id = self.response_id = new_id("resp")
         created_at = self._created_at = time.time()
@@ -352,7 +274,7 @@ class Turn:
         self.env.post_inference.submit(final, self._info())  # before the client has it: usage is never lost
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
 
-    def _abandoned(self, plan: _Plan) -> None:
+    def _abandoned(self, plan: TurnPlan) -> None:
         """The caller stopped the response (its client went away): it is metered all the same, as `cancelled`.
 
         The output tokens are the backend's figure when it sent one, else one per delta streamed; the
@@ -442,7 +364,7 @@ class Turn:
         self.env.post_inference.submit(failed, self._info())
         return events
 
-    async def _finalize(self, response: dict, plan: _Plan) -> None:
+    async def _finalize(self, response: dict, plan: TurnPlan) -> None:
         output = response["output"]
         state = ResponseState(
             response=response,

@@ -1,0 +1,101 @@
+"""What a turn works with: the server-wide environment, the prepared plan, and the result.
+
+Plain data, apart from the pipeline in `turn.py` that fills it, so the stages' inputs and
+outputs can be read (and built in tests) without the pipeline's control flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.base import Backend, Carry, Routed
+from .checks import Check, CheckOutcome
+from .compaction import PROCESS_KEY
+from .errors import APIError
+from .history import History
+from .items import Item
+from .limits import DEFAULT_LIMITS, RequestLimits
+from .postinference import PostInference
+from .safety import Classifier, Validator
+from .stages import StageClock
+from .state import ResponseState, ResponseStore
+from .tokens import TokenCount, TokenCounter
+from .tools import ChatTools
+
+
+@dataclass
+class TurnEnv:
+    """What every turn on a server shares."""
+
+    backend: Backend
+    store: ResponseStore
+    validators: Sequence[Validator] = ()
+    classifiers: Sequence[Classifier] = ()
+    post_inference: PostInference = field(default_factory=PostInference)
+    serves_model: Callable[[str], bool] = field(default=lambda model: True)
+    """Whether some backend serves this public model name; checked before anything else."""
+    hosted_policy: Callable[[str, str | None], str] = field(default=lambda model, sticky: "drop")
+    """The hosted-tool policy (drop, refuse, pass) of the deployment this model and sticky route go to."""
+    context_window: Callable[[str, str | None], int | None] = field(default=lambda model, sticky: None)
+    """The context window (tokens) of the deployment this model and sticky route go to, when configured."""
+    limits: RequestLimits = DEFAULT_LIMITS
+    checks: Callable[[str], Sequence[Check]] = field(default=lambda model: ())
+    """The stateful checks for a public model name (`checks.py`); run beside inference when `overlap_checks`."""
+    overlap_checks: bool = True
+    token_counter: Callable[[str], TokenCounter | None] = field(default=lambda model: None)
+    """The tokenizer of the deployments serving a model, when configured (`tokens.py`)."""
+    compaction_key: bytes = PROCESS_KEY
+    """Signs the compaction items this server makes (`compaction.py`); from `compaction_secret` when set."""
+
+
+@dataclass(slots=True)
+class TurnPlan:
+    """The prepared turn: validated new items appended to the previous history."""
+
+    new_items: list[Item]
+    tools: ChatTools
+    chat_tools: list | None
+    history: History
+    sent_history: History
+    """What the backend gets: `history`, or its tail when `truncation: auto` had to fit a context window."""
+    call_ids: Set[str]
+    previous_items: int
+    deployment: str | None
+    carry: Mapping[str, Any]
+    labels: dict[str, str]
+    backend_tools: list[dict[str, Any]] | None
+    """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
+    base_held: int
+    """Memory of the history this turn extends (shared with the previous state, not its own)."""
+    checks: CheckOutcome = field(default_factory=CheckOutcome)
+    """What the checks run before inference found; merged with those run beside it."""
+    prior_checks: dict[str, Any] = field(default_factory=dict)
+    prior_output: list[Item] = field(default_factory=list)
+    later_checks: list[Check] = field(default_factory=list)
+    new_messages: list[dict[str, Any]] = field(default_factory=list)
+    previous: ResponseState | None = None
+    counting: TokenCount = field(default_factory=lambda: TokenCount(None))
+    tokens: tuple[str, int] | None = None
+
+    def route(self, delta: Carry | Routed) -> None:
+        """What the backend decided for the conversation's next turn."""
+        if isinstance(delta, Routed):
+            self.deployment = delta.deployment
+        self.carry = delta.carry if isinstance(delta, Routed) else delta.values
+
+
+@dataclass
+class TurnResult:
+    """How the turn ended, for callers that need more than the events (metrics, the log line)."""
+
+    response: dict | None = None
+    error: APIError | None = None
+    new_items: int = 0
+    deployment: str | None = None
+    stages: StageClock = field(default_factory=StageClock)
+    plugin_s: dict[str, float] = field(default_factory=dict)
+    """Seconds in validators and in classifiers, included in the `validate` stage."""
+    trace_carrier: dict[str, str] = field(default_factory=dict)
+    """The caller's W3C trace context (`traceparent`, `tracestate`), when tracing is on."""
