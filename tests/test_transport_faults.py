@@ -457,6 +457,20 @@ def test_sync_stream_closed_early_leaves_the_session_usable(start: Start) -> Non
         assert client.responses.create(model=MODEL, input="hello", max_output_tokens=4).status == "completed"
 
 
+@pytest.mark.parametrize("lanes", [True, False])
+async def test_closing_the_client_while_an_unread_stream_runs_does_not_wait_for_the_close_timeout(
+    start: Start, lanes: bool
+) -> None:
+    server, _ = start(simulated_tokens_per_s=5000.0)
+    client = async_client(server, lanes=lanes, connect_options={"close_timeout": 60})
+    stream = await client.responses.create(model=MODEL, input="hello", max_output_tokens=100_000, stream=True)
+    await anext(stream)
+    await asyncio.sleep(0.2)  # the server keeps streaming; the caller reads nothing more
+    async with asyncio.timeout(10):
+        await client.close()
+    assert not ws_transport.session_of(client).connections
+
+
 async def test_without_lanes_an_abandoned_stream_never_leaks_into_the_next_turn(start: Start) -> None:
     server, _ = start(simulated_tokens_per_s=200.0)
     async with async_client(server, lanes=False, max_connections=1) as client:

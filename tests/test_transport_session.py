@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 from support.clock import FakeClock
@@ -155,3 +156,49 @@ async def test_concurrent_turns_share_sockets_as_the_pool_decides(lanes: bool) -
         replies = await asyncio.gather(*(wrapped.responses.create(model=MODEL, input=f"q{n}") for n in range(6)))
         assert all(r.status == "completed" for r in replies)
     assert script.sockets == (1 if lanes else 2)
+
+
+# --- closing while the server still sends ------------------------------------------------------------
+
+FLOOD = 200
+"""Frames the server sends after the one that matters: far over the `websockets` client's 16 queued
+messages, past which it stops reading from the socket (and the server's close frame sits behind them)."""
+SLOW_CLOSE = {"close_timeout": 60}
+"""A close handshake that never completes would hang the test for a minute, not `websockets`' 10 s."""
+
+
+async def flood(socket: ServerConnection, first: str) -> None:
+    """Answer the first frame with `first`, then `FLOOD` deltas, then wait for the client to close."""
+    await socket.recv()
+    await socket.send(first)
+    with contextlib.suppress(Exception):
+        for n in range(FLOOD):
+            await socket.send(json.dumps({"type": "response.output_text.delta", "delta": f"{n} ", "stream_id": "t1"}))
+    await socket.wait_closed()
+
+
+async def test_a_connection_closed_while_the_server_streams_reads_and_drops_what_is_still_coming() -> None:
+    async def handler(socket: ServerConnection) -> None:
+        await flood(socket, json.dumps({"type": "response.created", "stream_id": "t1"}))
+
+    async with serve(handler, "127.0.0.1", 0) as listener:
+        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}/v1/responses"
+        async with connect(url, **SLOW_CLOSE) as socket:
+            conn = Connection(socket, Socket(1, (), 0.0, capacity=16), lanes=True)
+            await conn.send(b'{"type": "response.create"}')
+            await asyncio.sleep(0.2)  # the server's frames pile up unread: this connection was never started
+            async with asyncio.timeout(10):
+                await conn.aclose()
+            assert socket.close_code == 1000
+
+
+async def test_a_frame_that_is_not_json_fails_the_turn_at_once_however_much_the_server_still_sends() -> None:
+    async def handler(socket: ServerConnection) -> None:
+        await flood(socket, "this is not JSON")
+
+    async with serve(handler, "127.0.0.1", 0) as listener:
+        base_url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/v1"
+        async with client(base_url, connect_options=SLOW_CLOSE) as wrapped:
+            async with asyncio.timeout(10):
+                with pytest.raises(openai.APIConnectionError):
+                    await wrapped.responses.create(model=MODEL, input="hello")

@@ -9,6 +9,7 @@ the socket may be used for is the `policy.Socket` record it carries; this module
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,9 +87,12 @@ class Connection:
         return item
 
     async def aclose(self) -> None:
+        """Close the socket and wait for the reader; without a reader, what still arrives is read and dropped."""
+        if self.reader is None or self.reader.done():
+            await close_discarding(self.socket)
+            return
         await self.socket.close()
-        if self.reader is not None:
-            await asyncio.gather(self.reader, return_exceptions=True)
+        await asyncio.gather(self.reader, return_exceptions=True)
 
     async def _read(self, listener: Listener) -> None:
         try:
@@ -103,7 +107,7 @@ class Connection:
             raise
         except orjson.JSONDecodeError as exc:
             log.warning("ws_transport: closing a socket that sent a frame that is not JSON: %s", exc)
-            await self.socket.close(1002)
+            await close_discarding(self.socket, 1002)
         finally:
             self.closed = Closed(*close_info(self.socket))
             for queue in self.lanes.values():
@@ -116,6 +120,27 @@ class Connection:
             queue.put_nowait(event)
         else:
             listener.stray_event(self, event)
+
+
+async def close_discarding(socket: ClientConnection, code: int = 1000) -> None:
+    """Close `socket` while reading and dropping the frames still coming (a server mid-stream).
+
+    `websockets` stops reading from the socket once 16 messages wait unread (`max_queue`), so the
+    server's close frame would sit behind them and `close()` would wait out its `close_timeout`
+    (10 s) before giving up. Only for a socket nobody else reads (`recv` allows one reader).
+    """
+    drain = asyncio.create_task(_discard(socket))
+    try:
+        await socket.close(code)
+    finally:
+        drain.cancel()
+        await asyncio.gather(drain, return_exceptions=True)
+
+
+async def _discard(socket: ClientConnection) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        async for _ in socket:
+            pass
 
 
 def close_info(socket: ClientConnection) -> tuple[int, str]:
