@@ -14,7 +14,7 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load", "floor")
+SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load", "floor", "client")
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -50,6 +50,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import floor
 
         return floor.run, floor.table
+    if name == "client":
+        from . import client_cpu
+
+        return client_cpu.run, client_cpu.table
     if name == "litellm":
         from . import peer_litellm
 

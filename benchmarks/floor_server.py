@@ -4,13 +4,19 @@
 (`"1"`, `"64"`: output tokens) to the exact frames the shim sent for such a turn, captured by
 the `floor` suite. Every frame that arrives gets the frames of the length it names
 (`"max_output_tokens":64` in its bytes, else the shortest), one ASGI send per event as the
-protocol has one event per frame. Nothing is parsed, validated, cached or looked up: what this
-process spends per turn is what uvicorn, the `websockets` sans-I/O protocol and the socket
-cost, the floor the shim's own cost is measured against.
+protocol has one event per frame; a frame that names a `stream_id` lane gets it spliced into
+each event (the `client` suite's `ws_transport` clients use lanes). Nothing is parsed, validated,
+cached or looked up: what this process spends per turn is what uvicorn, the `websockets` sans-I/O
+protocol and the socket cost, the floor the shim's own cost is measured against.
+
+`POST .../responses` gets the shortest reply as HTTP answers it (the terminal event's response as
+JSON, or the events as SSE when the body asks for `"stream":true`), so an HTTP client reads the
+same turn; any other HTTP request gets `ok` (readiness).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,17 +24,51 @@ from typing import Any
 import orjson
 import uvicorn
 
+LANE = re.compile(rb'"stream_id":("[^"]*")')
+STREAM = re.compile(rb'"stream":\s*true')
+
+
+def http_replies(frames: list[str]) -> tuple[bytes, bytes]:
+    """One turn as HTTP answers it: the final response's JSON, and the SSE stream of its events."""
+    final = orjson.dumps(orjson.loads(frames[-1])["response"])
+    sse = b"".join(b"event: " + orjson.loads(f)["type"].encode() + b"\ndata: " + f.encode() + b"\n\n" for f in frames)
+    return final, sse
+
 
 def build_app(replies: dict[str, list[str]]) -> Any:
-    """A raw ASGI app: 200 on any HTTP request (readiness), prebuilt replies on the WebSocket."""
+    """A raw ASGI app: prebuilt replies on the WebSocket and to `POST .../responses`, 200 `ok` otherwise."""
     by_marker = [(f'"max_output_tokens":{n}'.encode(), frames) for n, frames in replies.items()]
     shortest = replies[min(replies, key=int)]
+    final, sse = http_replies(shortest)
 
     def reply_for(data: bytes) -> list[str]:
-        for marker, frames in by_marker:
+        frames = shortest
+        for marker, found in by_marker:
             if marker in data:
-                return frames
-        return shortest
+                frames = found
+                break
+        lane = LANE.search(data) if b'"stream_id"' in data else None
+        if lane is None:
+            return frames
+        splice = ',"stream_id":' + lane.group(1).decode() + "}"
+        return [f[:-1] + splice for f in frames]
+
+    async def http(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if scope["method"] != "POST" or not scope["path"].endswith("/responses"):
+            content, kind = b"ok", b"text/plain"
+        elif STREAM.search(body):
+            content, kind = sse, b"text/event-stream"
+        else:
+            content, kind = final, b"application/json"
+        headers = [(b"content-type", kind), (b"content-length", str(len(content)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -36,8 +76,7 @@ def build_app(replies: dict[str, list[str]]) -> Any:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
         elif scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-            await send({"type": "http.response.body", "body": b"ok"})
+            await http(scope, receive, send)
         elif scope["type"] == "websocket":
             await receive()  # websocket.connect
             await send({"type": "websocket.accept"})

@@ -256,3 +256,17 @@ def test_floor_suite_measures_the_shim_and_the_floor_server_on_the_same_turns(tm
                 assert _is_stats(workload[server][key]) and workload[server][key]["median"] > 0
         assert workload["cpu_ratio"]["median"] > 0 and workload["throughput_ratio"]["median"] > 0
     assert result["per_delta_us"]["shim"] is not None
+
+
+@pytest.mark.timeout(120)
+def test_client_suite_measures_each_client_against_the_floor_client_on_the_same_replies(tmp_path: Path) -> None:
+    bench_quick(["client"], tmp_path, timeout=100)
+    result = _strict_json(tmp_path / "client.json")
+    _check_targets(result)
+    replayed = json.loads((tmp_path / "client-events.json").read_text())["1"]
+    assert replayed[-1].startswith('{"type":"response.completed"') and '"function_call"' in replayed[-1]
+    assert result["events_per_turn"] == len(replayed)
+    assert set(result["clients"]) == {"floor", "wrap", "wrap_async", "wrap_stream", "connect", "http"}
+    for by_mark in result["clients"].values():
+        assert _is_stats(by_mark["10"]) and by_mark["10"]["median"] > 0 and by_mark["10"]["x_floor"] > 0
+    assert result["clients"]["floor"]["10"]["x_floor"] == 1.0
