@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from . import metrics
 from .callids import own_calls
+from .errors import APIError, previous_response_in_progress, previous_response_not_found
 from .footprint import footprint
 from .history import History
 from .items import Item
@@ -159,6 +160,33 @@ class ConnectionCache:
 
     def ids(self) -> list[str]:
         return list(self._states)
+
+
+class RunningResponses:
+    """Stored responses still streaming in this process, by id, with the tenant each belongs to.
+
+    A `previous_response_id` the store does not have yet but that is running here is 409
+    `previous_response_in_progress` (wait for its terminal event), whichever connection or path
+    asks, rather than `previous_response_not_found`. Only `store: true` responses are listed: one
+    that is not stored can never be found from elsewhere, so "not found" is the true answer there.
+    Per process: a response streaming on another worker or replica still reads as not found.
+    """
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, str | None] = {}
+
+    def started(self, response_id: str, tenant: str | None) -> None:
+        self._tenants[response_id] = tenant
+
+    def ended(self, response_id: str | None) -> None:
+        if response_id is not None:
+            self._tenants.pop(response_id, None)
+
+    def missing(self, response_id: str, tenant: str | None) -> APIError:
+        """The error for a parent the store does not have: in progress here (for this tenant), or not found."""
+        if self._tenants.get(response_id, ()) == tenant:
+            return previous_response_in_progress(response_id)
+        return previous_response_not_found(response_id)
 
 
 class ResponseStore(Protocol):

@@ -19,7 +19,7 @@ from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
-from .errors import APIError, BackendError, model_not_found, previous_response_not_found
+from .errors import APIError, BackendError, model_not_found
 from .events import Event, EventSequence, OutputAssembler, new_id, response_object
 from .history import History
 from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
@@ -171,6 +171,7 @@ class Turn:
                 async for event in events:
                     yield event
         finally:
+            self.env.running.ended(self.response_id)
             if self.response_id is not None and self.result.response is None:
                 self._abandoned(plan)
             pending.cancel()
@@ -179,6 +180,8 @@ class Turn:
     async def _events(self, plan: TurnPlan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
         request = self.request
         response_id = self.response_id = new_id("resp")
+        if request.stores:
+            self.env.running.started(response_id, self.tenant)
         created_at = self._created_at = time.time()
         self._started = time.monotonic()
         pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
@@ -331,7 +334,7 @@ class Turn:
         metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
         metrics.CACHE_LOOKUPS.labels("miss" if state is None else "store").inc()
         if state is None:
-            raise previous_response_not_found(previous_id)
+            raise self.env.running.missing(previous_id, self.tenant)
         return state
 
     def _fail(

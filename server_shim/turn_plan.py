@@ -20,7 +20,7 @@ from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
 from .safety import Classifier, Validator
 from .stages import StageClock
-from .state import ResponseState, ResponseStore
+from .state import ResponseState, ResponseStore, RunningResponses
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 
@@ -48,6 +48,8 @@ class TurnEnv:
     """The tokenizer of the deployments serving a model, when configured (`tokens.py`)."""
     compaction_key: bytes = PROCESS_KEY
     """Signs the compaction items this server makes (`compaction.py`); from `compaction_secret` when set."""
+    running: RunningResponses = field(default_factory=RunningResponses)
+    """Stored responses streaming now: chaining from one is `previous_response_in_progress`."""
 
 
 @dataclass(slots=True)

@@ -12,6 +12,8 @@ from support.wire import (
     LOOKUP_TOOL,
     MODEL,
     RESPONSE,
+    completed_ok,
+    recv_event,
     run_turn,
     sse_events,
     user,
@@ -245,3 +247,48 @@ async def test_an_unknown_model_is_refused_with_the_served_models_named(client):
     assert "'gpt-4o' does not exist; this server serves: " + MODEL in missing.value.message
     served = [m.id async for m in client.models.list()]
     assert served == [MODEL]
+
+
+# --- chaining from a response that is still streaming ---------------------------------------------
+
+
+@pytest.fixture
+async def slow(make_server):
+    """A server whose simulated answers take about a second (16 tokens at 16/s)."""
+    server = make_server(simulated_tokens_per_s=16.0)
+    async with openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        yield sdk
+
+
+async def test_chaining_over_http_from_a_stored_response_still_streaming_is_a_409_then_works(slow):
+    stream = await slow.responses.create(model=MODEL, input="hello", stream=True)
+    parent = (await anext(stream)).response.id
+    with pytest.raises(openai.ConflictError) as early:
+        await slow.responses.create(model=MODEL, input="and then?", previous_response_id=parent)
+    assert (early.value.code, early.value.param) == ("previous_response_in_progress", "previous_response_id")
+    assert [event.type async for event in stream][-1] == "response.completed"
+    follow = await slow.responses.create(model=MODEL, input="and then?", previous_response_id=parent)
+    assert follow.previous_response_id == parent and follow.status == "completed"
+
+
+async def test_chaining_from_a_response_streaming_on_another_websocket_is_a_409_on_both_paths(slow):
+    async with slow.responses.connect() as streaming, slow.responses.connect() as other:
+        await streaming.response.create(model=MODEL, input="hello")
+        parent = (await recv_event(streaming))["response"]["id"]
+        refused = await run_turn(other, input=[user("and then?")], previous_response_id=parent)
+        assert refused.error is not None and refused.error["status"] == 409
+        assert refused.error["error"]["code"] == "previous_response_in_progress"
+        with pytest.raises(openai.ConflictError):
+            await slow.responses.create(model=MODEL, input="and then?", previous_response_id=parent)
+        while (await recv_event(streaming))["type"] != "response.completed":
+            pass
+        completed_ok(await run_turn(other, input=[user("and then?")], previous_response_id=parent))
+
+
+async def test_a_response_streaming_with_store_false_elsewhere_is_not_found_not_in_progress(slow):
+    async with slow.responses.connect() as streaming:
+        await streaming.response.create(model=MODEL, input="hello", store=False)
+        parent = (await recv_event(streaming))["response"]["id"]
+        with pytest.raises(openai.BadRequestError) as missing:  # it will never be found here: 409 would say "wait"
+            await slow.responses.create(model=MODEL, input="and then?", previous_response_id=parent)
+        assert missing.value.code == "previous_response_not_found"

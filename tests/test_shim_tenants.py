@@ -140,3 +140,18 @@ async def test_input_items_pages_newest_first_by_default(shared):
         with pytest.raises(openai.BadRequestError) as bad:
             await alice.responses.input_items.list(stored.id, limit=0)
         assert bad.value.code == "invalid_value"
+
+
+async def test_another_tenants_response_still_streaming_answers_as_an_unknown_id(make_server, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {ALICE_KEY}\nbob {BOB_KEY}\n")
+    server = make_server(api_keys_file=str(keys), simulated_tokens_per_s=16.0)
+    async with sdk(server, ALICE_KEY) as alice, sdk(server, BOB_KEY) as bob:
+        stream = await alice.responses.create(model=MODEL, input="alice's secret", stream=True)
+        parent = (await anext(stream)).response.id
+        with pytest.raises(openai.BadRequestError) as theirs:
+            await bob.responses.create(model=MODEL, input="continue", previous_response_id=parent)
+        assert theirs.value.code == "previous_response_not_found"
+        with pytest.raises(openai.ConflictError):
+            await alice.responses.create(model=MODEL, input="continue", previous_response_id=parent)
+        await stream.close()
