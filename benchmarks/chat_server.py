@@ -24,9 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from chat_mapping import messages_to_items
 from server_shim.backends import BackendRequest, Finish, SimulatedBackend, TextDelta, ToolCallDelta, Usage
 from server_shim.history import History
-from ws_transport.chat_completions import messages_to_items, translate_call
+from ws_transport.chat_completions import translate_call
 
 MODEL = "simulated-1"
 

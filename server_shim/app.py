@@ -18,7 +18,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from . import extensions, http, metrics, resources
+from . import chat_http, extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .check_config import checks_by_model
@@ -193,6 +193,7 @@ def create_app(
         Route("/v1/responses/{response_id}/input_items", resources.guarded(http.list_input_items), methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", resources.guarded(resources.cancel_response), methods=["POST"]),
         Route("/v1/responses/{response_id}", resources.guarded(http.delete_response), methods=["DELETE"]),
+        Route("/v1/chat/completions", resources.guarded(chat_http.create_chat_completion), methods=["POST"]),
         Route("/v1/models", resources.guarded(http.list_models), methods=["GET"]),
         Route("/healthz", resources.guarded(http.healthz), methods=["GET"]),
         Route("/readyz", resources.guarded(http.readyz), methods=["GET"]),

@@ -48,17 +48,9 @@ async def create_response(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.api_error())
     try:
-        raw = await read_body(request, shim.settings.max_body_bytes)
+        body = json_body(await read_body(request, shim.settings.max_body_bytes), shim)
     except APIError as error:
         return error_response(error)
-    shim.stats.bytes_received += len(raw)
-    metrics.BYTES_RECEIVED.labels("http").inc(len(raw))
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return error_response(invalid("invalid_json", f"The request body is not valid JSON: {exc}."))
-    if not isinstance(body, dict):
-        return error_response(invalid("invalid_type", "The request body must be a JSON object."))
     try:
         create = parse_create(body, websocket=False, limits=shim.env.limits)
         if create.background:
@@ -76,22 +68,49 @@ async def create_response(request: Request) -> Response:
         return error_response(refusal.api_error())
     if create.stream:
         return StreamingResponse(_sse(turn, shim), media_type="text/event-stream")
+    outcome = await complete_turns(request, shim, [turn])
+    return outcome if isinstance(outcome, Response) else json_response(outcome[0])
+
+
+def json_body(raw: bytes, shim: ShimState) -> dict[str, Any]:
+    """The request body as a JSON object (counted as received), or a 400 saying what it is instead."""
+    shim.stats.bytes_received += len(raw)
+    metrics.BYTES_RECEIVED.labels("http").inc(len(raw))
     try:
-        terminal = await _unless_disconnected(request, _complete(turn))
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid("invalid_json", f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(body, dict):
+        raise invalid("invalid_type", "The request body must be a JSON object.")
+    return body
+
+
+async def complete_turns(request: Request, shim: ShimState, turns: list[Turn]) -> list[dict[str, Any]] | Response:
+    """Run prepared, admitted turns to their ends together (cancelled if the client goes away): their
+    terminal Response objects, or the error response of the first that failed."""
+    try:
+        terminals = await unless_disconnected(request, _complete_all(turns))
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("turn failed unexpectedly")
         return error_response(internal_error())
     finally:
-        shim.limiter.release(turn.tenant)
-        shim.record_turn(turn)
-    if turn.result.error is not None:
-        return error_response(turn.result.error)
-    return json_response(terminal)
+        shim.limiter.release(turns[0].tenant)
+        for turn in turns:
+            shim.record_turn(turn)
+    failed = next((turn.result.error for turn in turns if turn.result.error is not None), None)
+    answered = [terminal for terminal in terminals or () if terminal is not None]
+    if failed is not None or len(answered) != len(turns):
+        return error_response(failed or internal_error())
+    return answered
 
 
-async def _complete(turn: Turn) -> dict[str, Any] | None:
+async def _complete_all(turns: list[Turn]) -> list[dict[str, Any] | None]:
+    return list(await asyncio.gather(*(complete_turn(turn) for turn in turns)))
+
+
+async def complete_turn(turn: Turn) -> dict[str, Any] | None:
     """Run a non-streaming turn to its end; the terminal Response object, if it completed."""
     terminal: dict[str, Any] | None = None
     async with contextlib.aclosing(turn.events()) as events:
@@ -101,7 +120,7 @@ async def _complete(turn: Turn) -> dict[str, Any] | None:
     return terminal
 
 
-async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
     """`work`, cancelled (and its backend request with it) if the client goes away first."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))

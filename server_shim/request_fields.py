@@ -59,6 +59,7 @@ def chat_options(request: CreateRequest) -> dict[str, Any]:
     if request.top_logprobs:
         options["logprobs"] = True
         options["top_logprobs"] = request.top_logprobs
+    options.update(request.chat_only)
     return options
 
 

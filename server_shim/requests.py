@@ -5,7 +5,17 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from .errors import APIError, invalid
 from .limits import DEFAULT_LIMITS, RequestLimits, check_body
@@ -48,6 +58,17 @@ class CreateRequest(BaseModel):
     service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
+    _chat_only: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def chat_only(self) -> dict[str, Any]:
+        """Chat Completions fields with no Responses equivalent (`stop`, `seed`, ...), set by the chat
+        endpoint (`chat_requests.py`): chat backends get them as they are, other backends never see them."""
+        return self._chat_only
+
+    @chat_only.setter
+    def chat_only(self, fields: dict[str, Any]) -> None:
+        self._chat_only = fields
 
     @field_validator("input")
     @classmethod
@@ -81,7 +102,7 @@ def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits
     try:
         request = CreateRequest.model_validate(fields)
     except ValidationError as exc:
-        raise _api_error(exc) from None
+        raise validation_error(exc) from None
     if websocket and request.background:
         raise invalid(
             "unsupported_parameter",
@@ -119,7 +140,7 @@ def check_stream_id(value: Any) -> str | None:
     return value
 
 
-def _api_error(exc: ValidationError) -> APIError:
+def validation_error(exc: ValidationError) -> APIError:
     error = exc.errors()[0]
     loc = error["loc"]
     param = ".".join(str(part) for part in loc) if loc else None

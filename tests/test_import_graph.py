@@ -22,6 +22,7 @@ FORBIDDEN = {
     "ws_transport": {"plugins", "benchmarks", "tests", "support", "server_shim"},
     "plugins": {"benchmarks", "tests", "support"},
     "benchmarks": {"tests", "support"},
+    "chat_mapping": {"plugins", "benchmarks", "tests", "support", "server_shim", "ws_transport"},
 }
 
 

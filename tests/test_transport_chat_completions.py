@@ -14,16 +14,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from chat_mapping import ChunkStream, completion_from_response, messages_to_items
 from server_shim.backends.base import Finish, TextDelta, ToolCallDelta, Usage
 from server_shim.events import EventSequence, OutputAssembler, response_object
 from server_shim.requests import CreateRequest
-from ws_transport.chat_completions import (
-    ChatBook,
-    Untranslatable,
-    messages_to_items,
-    translate_call,
-)
-from ws_transport.chat_replies import ChunkStream, completion_from_response
+from ws_transport.chat_completions import ChatBook, Untranslatable, translate_call
 
 TOOL = {
     "type": "function",

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import pydantic
+
+from chat_mapping import Unmapped, as_dict, tool, tool_choice
 
 Message = Mapping[str, Any]
 
@@ -59,12 +60,8 @@ MIN_OUTPUT_TOKENS = 16
 """The Responses API refuses `max_output_tokens` below this; a smaller chat limit stays on HTTP."""
 
 
-class Untranslatable(ValueError):
-    """This call cannot be sent as a Responses request without changing its meaning; `reason` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+Untranslatable = Unmapped
+"""This call cannot be sent as a Responses request without changing its meaning; `reason` says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +91,9 @@ def translate_call(kwargs: Mapping[str, Any]) -> ChatCall:
     if text:
         fields["text"] = text
     if "tools" in given:
-        fields["tools"] = [_tool(t) for t in given["tools"]]
+        fields["tools"] = [tool(t) for t in given["tools"]]
     if "tool_choice" in given:
-        fields["tool_choice"] = _tool_choice(given["tool_choice"])
+        fields["tool_choice"] = tool_choice(given["tool_choice"])
     stream_options = given.get("stream_options") or {}
     stream = given.get("stream") is True
     if stream and "include_obfuscation" in stream_options:
@@ -141,125 +138,6 @@ def _text_config(given: Mapping[str, Any]) -> dict[str, Any]:
     if "verbosity" in given:
         text["verbosity"] = given["verbosity"]
     return text
-
-
-def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise Untranslatable(f"{tool.get('type')} tools")
-    function = tool["function"]
-    out: dict[str, Any] = {"type": "function", "name": function["name"]}
-    if function.get("description") is not None:
-        out["description"] = function["description"]
-    out["parameters"] = function.get("parameters")
-    out["strict"] = function.get("strict") is True  # strict by default in Responses, not in chat
-    return out
-
-
-def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, str):
-        return choice
-    kind = choice.get("type")
-    if kind == "function":
-        return {"type": "function", "name": choice["function"]["name"]}
-    if kind == "allowed_tools":
-        allowed = choice["allowed_tools"]
-        tools = [{"type": "function", "name": t["function"]["name"]} for t in allowed["tools"]]
-        if any(t.get("type") != "function" for t in allowed["tools"]):
-            raise Untranslatable("allowed_tools with non-function tools")
-        return {"type": "allowed_tools", "mode": allowed["mode"], "tools": tools}
-    raise Untranslatable(f"tool_choice {kind}")
-
-
-def as_dict(message: Any) -> dict[str, Any]:
-    """A message as a plain dict: callers often append the SDK's `ChatCompletionMessage` objects as they got them."""
-    if isinstance(message, pydantic.BaseModel):
-        return message.model_dump(mode="json", exclude_none=True)
-    if isinstance(message, Mapping):
-        return dict(message)
-    raise Untranslatable(f"a message of type {type(message).__name__}")
-
-
-def messages_to_items(messages: Iterable[Any]) -> list[dict[str, Any]]:
-    """Responses input items saying what the messages say; raises `Untranslatable` for what they cannot."""
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        items.extend(message_items(as_dict(message)))
-    return items
-
-
-def message_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    role = message.get("role")
-    if role not in ("system", "developer", "user", "assistant", "tool"):
-        raise Untranslatable(f"{role} messages")
-    if message.get("name") is not None and role != "tool":  # a tool message's name is not in the API (CrewAI sends it)
-        raise Untranslatable("message name")
-    if role in ("system", "developer"):
-        return [{"type": "message", "role": role, "content": _plain_content(message.get("content"), "input_text")}]
-    if role == "user":
-        return [{"type": "message", "role": "user", "content": _user_content(message.get("content"))}]
-    if role == "assistant":
-        return _assistant_items(message)
-    output = _text_only(message.get("content"))
-    return [{"type": "function_call_output", "call_id": message["tool_call_id"], "output": output}]
-
-
-def _assistant_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    for unsupported in ("audio", "function_call", "refusal"):
-        if message.get(unsupported):
-            raise Untranslatable(f"assistant {unsupported}")
-    items: list[dict[str, Any]] = []
-    text = _text_only(message.get("content"))
-    if text:
-        items.append({"type": "message", "role": "assistant", "content": text})
-    for call in message.get("tool_calls") or ():
-        if call.get("type", "function") != "function":
-            raise Untranslatable(f"{call.get('type')} tool calls")
-        function = call["function"]
-        items.append(
-            {
-                "type": "function_call",
-                "call_id": call["id"],
-                "name": function["name"],
-                "arguments": function["arguments"],
-            }
-        )
-    return items
-
-
-def _plain_content(content: Any, part_type: str) -> Any:
-    if isinstance(content, str) or content is None:
-        return content or ""
-    return [{"type": part_type, "text": _part_text(part)} for part in content]
-
-
-def _user_content(content: Any) -> Any:
-    if isinstance(content, str) or content is None:
-        return content or ""
-    parts = []
-    for part in content:
-        kind = part.get("type")
-        if kind == "text":
-            parts.append({"type": "input_text", "text": part["text"]})
-        elif kind == "image_url":
-            image = part["image_url"]
-            parts.append({"type": "input_image", "image_url": image["url"], "detail": image.get("detail") or "auto"})
-        elif kind == "file":
-            parts.append({"type": "input_file", **{k: v for k, v in part["file"].items() if v is not None}})
-        else:
-            raise Untranslatable(f"{kind} content")
-    return parts
-
-
-def _text_only(content: Any) -> str:
-    if isinstance(content, str) or content is None:
-        return content or ""
-    return "".join(_part_text(part) for part in content)
-
-
-def _part_text(part: Any) -> str:
-    if part.get("type") != "text":
-        raise Untranslatable(f"{part.get('type')} content in a text-only message")
-    return str(part["text"])
 
 
 def normalize(message: Any) -> tuple[Any, ...]:

@@ -16,10 +16,12 @@ from typing import Any
 
 import orjson
 
+from chat_mapping import ChunkStream, messages_to_items
+
 from . import _sdk
 from .chaining import Plan
-from .chat_completions import Untranslatable, messages_to_items, translate_call
-from .chat_replies import ChatReply, ChunkStream
+from .chat_completions import Untranslatable, translate_call
+from .chat_replies import ChatReply
 from .session import Session
 from .turn import TurnRequest
 

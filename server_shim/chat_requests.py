@@ -1,0 +1,229 @@
+"""A `POST /v1/chat/completions` body, validated at the edge and said as a Responses turn.
+
+The chat endpoint runs the same turn pipeline as `POST /v1/responses` (auth, tenants, limits,
+validators, checks, the router and its backends, the usage ledger), so a chat request becomes a
+`CreateRequest`: messages as input items and tools as Responses tools (`chat_mapping`, shared
+with the client), `max_tokens` as `max_output_tokens`, `response_format` as `text.format`,
+`reasoning_effort` as `reasoning.effort`; never stored (a chat completion has no
+`previous_response_id` to continue). What the Responses API cannot say goes beside it:
+`stop` is applied to the answer here (and sent to chat backends), `n` runs one turn per
+choice, and `seed`, `frequency_penalty`, `presence_penalty`, `logit_bias` reach chat backends
+as they are (the simulator and a `responses` upstream ignore them). A message's `name` is
+accepted and ignored; audio, legacy `functions` and predicted outputs are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
+
+from chat_mapping import Unmapped, message_items, tool, tool_choice
+
+from .errors import APIError, invalid
+from .limits import RequestLimits
+from .requests import CreateRequest, ServiceTier, parse_create, validation_error
+
+MAX_CHOICES = 8
+"""The most choices (`n`) one request may ask for: each runs a turn of its own on the backend."""
+MAX_STOP = 4
+"""As OpenAI: up to four stop sequences."""
+CHAT_ONLY = ("stop", "seed", "frequency_penalty", "presence_penalty", "logit_bias")
+"""Fields with no Responses equivalent that chat backends get as they are."""
+UNSUPPORTED = {
+    "audio": "audio output",
+    "functions": "legacy 'functions' (send 'tools')",
+    "function_call": "legacy 'function_call' (send 'tool_choice')",
+    "prediction": "predicted outputs",
+    "web_search_options": "web search",
+}
+SAME_NAME = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+"""Fields with the same name and meaning in both APIs."""
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+class ChatBody(BaseModel):
+    """The fields the endpoint acts on, with the SDK's types; unknown fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
+    stream: StrictBool | None = None
+    stream_options: dict[str, StrictBool] | None = None
+    n: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    stop: str | list[str] | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, ge=0, le=1)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
+    seed: StrictInt | None = None
+    logit_bias: dict[str, StrictInt] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: ServiceTier | None = None
+    metadata: dict[str, str] | None = None
+    store: StrictBool | None = None
+    modalities: list[str] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ValueError(f"must be a non-empty string or up to {MAX_STOP} non-empty strings")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A chat request as the endpoint runs it: the turn's request, and what shapes the answer."""
+
+    create: CreateRequest
+    choices: int
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat(body: dict[str, Any], limits: RequestLimits) -> ChatRequest:
+    """Validate a chat body and say it as a Responses request; errors name the chat parameter."""
+    try:
+        chat = ChatBody.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    for name, what in UNSUPPORTED.items():
+        if getattr(chat, "model_extra", {}).get(name) is not None:
+            raise invalid("unsupported_parameter", f"'{name}' ({what}) is not supported by this server.", name)
+    if any(modality != "text" for modality in chat.modalities or ()):
+        raise invalid("unsupported_parameter", "Only the 'text' modality is supported by this server.", "modalities")
+    fields = _responses_fields(chat)
+    try:
+        create = parse_create(fields, websocket=False, limits=limits)
+    except APIError as error:
+        error.param = _chat_param(error.param)
+        raise
+    create.chat_only = {name: getattr(chat, name) for name in CHAT_ONLY if getattr(chat, name) is not None}
+    stream = chat.stream is True
+    return ChatRequest(
+        create=create,
+        choices=chat.n or 1,
+        stops=(chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ()),
+        stream=stream,
+        include_usage=stream and (chat.stream_options or {}).get("include_usage") is True,
+    )
+
+
+def _responses_fields(chat: ChatBody) -> dict[str, Any]:
+    fields: dict[str, Any] = {"model": chat.model, "input": messages_input(chat.messages), "store": False}
+    for name in SAME_NAME:
+        if getattr(chat, name) is not None:
+            fields[name] = getattr(chat, name)
+    limit = chat.max_completion_tokens or chat.max_tokens
+    if limit is not None:
+        fields["max_output_tokens"] = limit
+    if chat.reasoning_effort is not None:
+        fields["reasoning"] = {"effort": chat.reasoning_effort}
+    if chat.logprobs and chat.top_logprobs:
+        fields["top_logprobs"] = chat.top_logprobs
+    text = _text(chat)
+    if text:
+        fields["text"] = text
+    if chat.tools is not None:
+        fields["tools"] = [_mapped(tool, t, f"tools[{i}]") for i, t in enumerate(chat.tools)]
+    if chat.tool_choice is not None:
+        fields["tool_choice"] = _mapped(tool_choice, chat.tool_choice, "tool_choice")
+    return fields
+
+
+def _text(chat: ChatBody) -> dict[str, Any]:
+    text: dict[str, Any] = {}
+    fmt = chat.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+            text["format"] = {"type": "json_schema", **fmt["json_schema"]}
+        elif kind in ("json_object", "text"):
+            text["format"] = {"type": kind}
+        else:
+            raise invalid(
+                "invalid_value",
+                "'response_format' must be {'type': 'text'}, {'type': 'json_object'} or "
+                "{'type': 'json_schema', 'json_schema': {...}}.",
+                "response_format",
+            )
+    if chat.verbosity is not None:
+        text["verbosity"] = chat.verbosity
+    return text
+
+
+def messages_input(messages: list[Any]) -> list[dict[str, Any]]:
+    """The messages as Responses input items; a message that cannot be read is a 400 naming it."""
+    items: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise invalid("invalid_type", f"Invalid type for '{param}': expected an object.", param)
+        role = message.get("role")
+        if role not in ROLES:
+            raise invalid("invalid_value", f"Invalid value for '{param}.role': expected one of {sorted(ROLES)}.", param)
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.tool_call_id'.", param)
+        if role != "tool":
+            message = {k: v for k, v in message.items() if k != "name"}  # a participant name: no Responses field
+        items.extend(_mapped(message_items, message, param))
+    return items
+
+
+def _mapped(mapping: Any, value: Any, param: str) -> Any:
+    """`mapping(value)`, a malformed or unsupported value a 400 naming `param`."""
+    try:
+        return mapping(value)
+    except Unmapped as refused:
+        raise invalid(
+            "unsupported_value", f"'{param}': {refused.reason} are not supported by this server.", param
+        ) from None
+    except KeyError as missing:
+        raise invalid(
+            "missing_required_parameter", f"Missing required parameter in '{param}': {missing}.", param
+        ) from None
+    except (TypeError, AttributeError):
+        raise invalid(
+            "invalid_type", f"Invalid type in '{param}': not the shape the Chat Completions API sends.", param
+        ) from None
+
+
+_CHAT_NAMES = {"input": "messages", "max_output_tokens": "max_tokens", "reasoning.effort": "reasoning_effort"}
+
+
+def _chat_param(param: str | None) -> str | None:
+    """A Responses parameter name, as the chat request called it."""
+    if param is None:
+        return None
+    head = param.split("[")[0]
+    if head == "input":
+        return "messages"
+    if param.startswith("text.format"):
+        return "response_format"
+    return _CHAT_NAMES.get(param, param)
