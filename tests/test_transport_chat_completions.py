@@ -340,3 +340,50 @@ def test_a_failed_response_streams_one_error_the_sdk_raises() -> None:
     assert stream.feed(failed) == [{"error": {"code": "backend_error", "message": "down", "type": "server_error"}}]
     assert stream.feed({"type": "error", "error": {"code": "backend_error", "message": "down"}}) == []
     assert json.dumps(stream.feed({"type": "response.in_progress"})) == "[]"
+
+
+@pytest.mark.parametrize("caller", ["appended", "rebuilt"])
+def test_the_answered_prefix_is_never_translated_again_and_the_items_are_the_same(
+    caller: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per call, only the new messages (and, on record, the answer) are translated and normalized, yet
+    the plan's items and the recorded forms equal a full translation of the whole history every turn."""
+    import ws_transport.chat_completions as chat_completions
+
+    translated: list[int] = []
+    normalized: list[Any] = []
+    full_translation, full_normalize = chat_completions.messages_to_items, chat_completions.normalize
+
+    def counting_translation(messages: Any) -> list[dict[str, Any]]:
+        messages = list(messages)
+        translated.append(len(messages))
+        return full_translation(messages)
+
+    def counting_normalize(message: Any) -> tuple[Any, ...]:
+        normalized.append(message)
+        return full_normalize(message)
+
+    monkeypatch.setattr(chat_completions, "messages_to_items", counting_translation)
+    monkeypatch.setattr(chat_completions, "normalize", counting_normalize)
+    book = ChatBook()
+    messages: list[Any] = [{"role": "system", "content": "s"}, _user("find 0")]
+    for turn in range(30):
+        sent = json.loads(json.dumps([_plain(m) for m in messages])) if caller == "rebuilt" else messages
+        translated.clear()
+        normalized.clear()
+        plan = book.plan(_call(sent))
+        assert plan.items == full_translation(sent)
+        assert plan.new_items == full_translation(sent[plan.start :])
+        answer = ChatCompletionMessage.model_validate(_assistant_call(f"call_{turn}", f'{{"id": {turn}}}'))
+        recorded = book.record(plan, answer.model_dump(mode="json"), f"resp_{turn}", link=turn)
+        assert recorded.normalized == [full_normalize(m) for m in sent]
+        assert recorded.items == full_translation([*sent, answer])
+        if turn:
+            assert plan.turn is not None and plan.start == len(sent) - 1
+            assert sum(translated) == 1  # the one new message (a tool output); the answer's own items on record
+            assert len(normalized) == 3  # the caller's copy of the answer, the new message, the answer on record
+        messages += [answer, {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"record {turn}"}]
+
+
+def _plain(message: Any) -> Any:
+    return message.model_dump(mode="json", exclude_none=True) if isinstance(message, ChatCompletionMessage) else message

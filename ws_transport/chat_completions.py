@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from chat_mapping import Unmapped, as_dict, tool, tool_choice
+from chat_mapping import Unmapped, as_dict, message_items, messages_to_items, tool, tool_choice
 
 Message = Mapping[str, Any]
 
@@ -173,6 +173,9 @@ class ChatTurn:
     response_id: str
     link: Any = None
     """What the transport needs to continue this turn (its chain); opaque here."""
+    items: list[dict[str, Any]] | None = None
+    """`messages` and the answer as Responses items: the next call's prefix, so the answered history is
+    never translated again. None when the answer has no Responses form (the next call then tries itself)."""
 
 
 @dataclass(slots=True)
@@ -183,6 +186,10 @@ class ChatPlan:
     turn: ChatTurn | None
     start: int
     normalized: list[tuple[Any, ...] | None]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    """Every message as Responses items: the answered turn's items, then the new messages'."""
+    new_items: list[dict[str, Any]] = field(default_factory=list)
+    """The new messages as Responses items: what a chained request sends."""
 
     @property
     def new_messages(self) -> list[Any]:
@@ -218,14 +225,24 @@ class ChatBook:
                 with self._lock:
                     if turn.response_id in self._turns:
                         self._turns.move_to_end(turn.response_id)
-                return ChatPlan(call, turn, start, normalized)
-        return ChatPlan(call, None, 0, normalized)
+                return _planned(call, turn, start, normalized)
+        return _planned(call, None, 0, normalized)
 
     def record(self, plan: ChatPlan, answer: Message, response_id: str, link: Any) -> ChatTurn:
-        """Remember a completed call; it replaces the turn it continued."""
+        """Remember a completed call; it replaces the turn it continued.
+
+        Only the new messages and the answer are normalized and translated here: the answered
+        prefix's forms are the continued turn's, so the work per call does not grow with the history.
+        """
         messages = plan.call.messages
-        normalized = [n if n is not None else normalize(m) for n, m in zip(plan.normalized, messages, strict=True)]
-        turn = ChatTurn(plan.call.fields, list(messages), normalized, normalize(answer), response_id, link)
+        known = [*plan.turn.normalized, plan.turn.answer] if plan.turn is not None else []
+        fresh = zip(plan.normalized[len(known) :], messages[len(known) :], strict=True)
+        normalized = known + [n if n is not None else normalize(m) for n, m in fresh]
+        try:
+            items: list[dict[str, Any]] | None = [*plan.items, *message_items(as_dict(answer))]
+        except Unmapped:
+            items = None
+        turn = ChatTurn(plan.call.fields, list(messages), normalized, normalize(answer), response_id, link, items)
         with self._lock:
             if plan.turn is not None:
                 self._turns.pop(plan.turn.response_id, None)
@@ -245,9 +262,23 @@ class ChatBook:
         if _normalized(messages, n, normalized) != turn.answer:
             return False
         for i in range(n - 1, -1, -1):  # newest first: a rewritten history differs near its end
-            if messages[i] is not turn.messages[i] and _normalized(messages, i, normalized) != turn.normalized[i]:
+            if not _same(messages[i], turn.messages[i]) and _normalized(messages, i, normalized) != turn.normalized[i]:
                 return False
         return True
+
+
+def _same(message: Any, answered: Any) -> bool:
+    """The cheap checks first: the very object (a caller appending to one list), or an equal plain dict
+    (a framework rebuilding its messages each call); `normalize` only when both fail."""
+    return message is answered or (type(message) is dict and type(answered) is dict and message == answered)
+
+
+def _planned(call: ChatCall, turn: ChatTurn | None, start: int, normalized: list[Any]) -> ChatPlan:
+    """The plan with its items: the answered turn's items reused, only the new messages translated."""
+    new_items = messages_to_items(call.messages[start:])
+    known = turn.items if turn is not None else []
+    prefix = known if known is not None else messages_to_items(call.messages[:start])
+    return ChatPlan(call, turn, start, normalized, [*prefix, *new_items], new_items)
 
 
 def _normalized(messages: list[Any], index: int, cache: list[tuple[Any, ...] | None]) -> tuple[Any, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from chat_mapping import ChunkStream, messages_to_items
+from chat_mapping import ChunkStream
 
 from . import _sdk
 from .chaining import Plan
@@ -38,9 +38,7 @@ def prepare_chat(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None
     given = _sdk.given(kwargs)
     try:
         call = translate_call(given)
-        plan = session.chat_book.plan(call)
-        new_items = messages_to_items(plan.new_messages)
-        items = [*messages_to_items(call.messages[: plan.start]), *new_items]
+        plan = session.chat_book.plan(call)  # translates only the messages after the answered turn
     except Untranslatable as refused:
         fallbacks = session.stats.chat_fallbacks
         fallbacks[refused.reason] = fallbacks.get(refused.reason, 0) + 1
@@ -52,5 +50,5 @@ def prepare_chat(session: Session, kwargs: dict[str, Any]) -> TurnRequest | None
         plan, session.chat_book, lambda: orjson.dumps(_sdk.chat_body(body)), ChunkStream(call.include_usage)
     )
     session.stats.chat_turns += 1
-    turn_plan = Plan(call.fields, items, chain, new_items)
-    return TurnRequest(call.fields, turn_plan, items, stream=call.stream, chat=reply)
+    turn_plan = Plan(call.fields, plan.items, chain, plan.new_items)
+    return TurnRequest(call.fields, turn_plan, plan.items, stream=call.stream, chat=reply)
