@@ -14,7 +14,19 @@ from typing import Any
 from .common import RESULTS_DIR, clean_floats, machine_info, progress, write_json
 from .report import targets_table
 
-SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load", "floor", "client")
+SUITES = (
+    "overhead",
+    "agent",
+    "agent-llama",
+    "relay",
+    "litellm",
+    "replicas",
+    "checks",
+    "load",
+    "floor",
+    "client",
+    "memory",
+)
 
 
 def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]:
@@ -54,6 +66,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import client_cpu
 
         return client_cpu.run, client_cpu.table
+    if name == "memory":
+        from . import memory
+
+        return memory.run, memory.table
     if name == "litellm":
         from . import peer_litellm
 
@@ -103,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"quick": args.quick}
         if args.repeats:
             kwargs["repeats"] = args.repeats
-        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm", "load"):
+        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm", "load", "memory"):
             kwargs["turns"] = args.turns
         if name == "litellm":
             kwargs["install"] = not args.no_install

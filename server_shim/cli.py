@@ -132,7 +132,19 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCH_SUITES = ("overhead", "agent", "agent-llama", "relay", "litellm", "replicas", "checks", "load", "floor", "client")
+BENCH_SUITES = (
+    "overhead",
+    "agent",
+    "agent-llama",
+    "relay",
+    "litellm",
+    "replicas",
+    "checks",
+    "load",
+    "floor",
+    "client",
+    "memory",
+)
 """The suites of `python -m benchmarks` (its own list; tests/test_benchmarks.py keeps the two the same)."""
 
 BENCH_HELP = f"""responses-ws bench runs the benchmarks of a source checkout (they are not part of the installed package):

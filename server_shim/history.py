@@ -44,7 +44,9 @@ class History:
         """JSON size of the whole chain: what token estimates use."""
         self.items_held: int = (parent.items_held if parent else 0) + (footprint(own) if own else 0)
         """Memory the chain's items hold (see `footprint`)."""
-        self._renderings: dict[str, tuple[int, Any]] = dict(parent._renderings) if parent else {}
+        self._renderings: tuple[tuple[str, int, Any], ...] = parent._renderings if parent else ()
+        """(key, batches covered, rendering) per renderer: a tuple shared with the parent until this node
+        renders (a dict per node cost ~200 bytes a turn)."""
 
     @classmethod
     def from_batches(cls, batches: Sequence[Sequence[Item]]) -> History:
@@ -79,7 +81,7 @@ class History:
     @property
     def held(self) -> int:
         """Memory the chain holds: its items and the renderings cached for it."""
-        return self.items_held + sum(getattr(rendering, "held", 0) for _, rendering in self._renderings.values())
+        return self.items_held + sum(getattr(rendering, "held", 0) for _, _, rendering in self._renderings)
 
     def batch_list(self) -> list[tuple[Item, ...]]:
         return [node.own for node in self._nodes()]
@@ -105,7 +107,7 @@ class History:
         `extend(rendering, batch)` returns a new rendering (renderings are shared between
         histories) of the old one followed by one batch of items.
         """
-        covered, rendering = self._renderings.get(key, (0, empty))
+        covered, rendering = next(((n, r) for k, n, r in self._renderings if k == key), (0, empty))
         if covered < self.batches:
             new: list[tuple[Item, ...]] = []
             node: History | None = self
@@ -115,7 +117,8 @@ class History:
                 node = node.parent
             for batch in reversed(new):
                 rendering = extend(rendering, batch)
-            self._renderings[key] = (self.batches, rendering)
+            others = tuple(entry for entry in self._renderings if entry[0] != key)
+            self._renderings = (*others, (key, self.batches, rendering))
         return rendering
 
     def _nodes(self) -> list[History]:

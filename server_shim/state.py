@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Set
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 from . import metrics
@@ -36,30 +36,32 @@ class ResponseState:
     tenant: str | None = None
     """The id of the API key's tenant that created it (see `tenants`); None when the server has no keys."""
     checks: dict[str, Any] = field(default_factory=dict)
+    """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
     tokens: tuple[str, int] | None = None
     """(tokenizer, tokens of the prompt through this response's input), when a tokenizer counts (`tokens.py`)."""
-    """Each stateful check's state after this response's input (`checks.py`): JSON, never changed in place."""
     base_held: int = 0
-    """Memory of the history shared with the previous response's (0 when it has none)."""
+    """Memory shared with the previous response: its history, and its tools when this state's are the same list
+    (0 when it has none)."""
     own_bytes: int = field(default=0, compare=False)
     """Memory this state adds: its batches of the history (input and output items, their renderings),
-    tools and Response object."""
+    tools (unless shared with `parent`) and Response object."""
+    parent: InitVar[ResponseState | None] = None
+    """The previous response's state, when this one may share its tools list (see `shared_tools`)."""
 
-    def __post_init__(self) -> None:
-        response = {key: value for key, value in self.response.items() if key != "output"}  # output: in the history
+    def __post_init__(self, parent: ResponseState | None) -> None:
+        # the output is in the history; the tools are counted once, whichever of the two lists holds them
+        response = {key: value for key, value in self.response.items() if key != "output" and key != "tools"}
+        echoed = self.response.get("tools")
+        tools = footprint(self.tools if echoed is None or echoed is self.tools else (self.tools, echoed))
+        inherited = parent is not None and self.tools is parent.tools
+        if inherited:
+            self.base_held += tools
         self.own_bytes = (
             STATE_OVERHEAD
             + self.history.held
             - self.base_held
-            + footprint(
-                (
-                    response,
-                    self.tools,
-                    self.carry,
-                    self.checks,
-                    tuple(own_calls(self.call_ids)),
-                )
-            )
+            + footprint((response, self.carry, self.checks, tuple(own_calls(self.call_ids))))
+            + tools
         )
 
     @property
@@ -76,6 +78,20 @@ class ResponseState:
         return self.own_bytes + self.base_held
 
 
+def shared_tools(
+    given: list[dict[str, Any]], response: dict[str, Any], previous: ResponseState | None
+) -> list[dict[str, Any]]:
+    """The request's tools as the previous state's list when equal, the Response object's echo the same list.
+
+    An agent sends the same tools every turn, each parsed anew: shared, a conversation holds them
+    once rather than twice per turn (the state's and the Response object's).
+    """
+    tools = previous.tools if previous is not None and previous.tools == given else given
+    if response.get("tools") == tools:
+        response["tools"] = tools
+    return tools
+
+
 class ChainLedger:
     """Bytes held by a set of states whose histories are shared along `previous_response_id` chains.
 
@@ -88,7 +104,9 @@ class ChainLedger:
     def __init__(self) -> None:
         self.total = 0
         self._charges: dict[str, int] = {}
-        self._children: dict[str, set[str]] = {}
+        self._children: dict[str, str | set[str]] = {}
+        """Children in the set per parent: the id alone, as a parent has one child but for forks (a set costs
+        216 bytes), a set beyond one."""
         self._states: dict[str, ResponseState] = {}
 
     def add(self, state: ResponseState) -> None:
@@ -96,7 +114,13 @@ class ChainLedger:
         parent = state.parent_id
         if parent is not None and parent in self._states:
             charge = state.own_bytes
-            self._children.setdefault(parent, set()).add(state.id)
+            siblings = self._children.get(parent)
+            if siblings is None:
+                self._children[parent] = state.id
+            elif isinstance(siblings, str):
+                self._children[parent] = {siblings, state.id}
+            else:
+                siblings.add(state.id)
         else:
             charge = state.size
         self._states[state.id] = state
@@ -109,9 +133,13 @@ class ChainLedger:
             return
         self.total -= self._charges.pop(response_id)
         parent = state.parent_id
-        if parent is not None and parent in self._children:
-            self._children[parent].discard(response_id)
-        for child_id in self._children.pop(response_id, ()):
+        siblings = self._children.get(parent) if parent is not None else None
+        if siblings == response_id:
+            del self._children[parent]  # type: ignore[arg-type]
+        elif isinstance(siblings, set):
+            siblings.discard(response_id)
+        children = self._children.pop(response_id, ())
+        for child_id in (children,) if isinstance(children, str) else children:
             child = self._states[child_id]
             self.total += child.size - self._charges[child_id]
             self._charges[child_id] = child.size

@@ -28,7 +28,7 @@ from .postinference import TurnInfo
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import run_classifiers, run_validators
-from .state import ConnectionCache, ResponseState
+from .state import ConnectionCache, ResponseState, shared_tools
 from .steer import SteerSlot
 from .tokens import TokenCount, account
 from .tools import plan_tools, restore_calls
@@ -373,7 +373,7 @@ class Turn:
             response=response,
             input_items=plan.new_items,
             output_items=output,
-            tools=self.request.tools or [],
+            tools=shared_tools(self.request.tools or [], response, plan.previous),
             chat_tools=plan.tools,
             history=plan.history.extend(output),
             call_ids=with_calls(plan.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
@@ -383,6 +383,7 @@ class Turn:
             base_held=plan.base_held,
             checks=plan.prior_checks | plan.checks.states,
             tokens=plan.tokens,
+            parent=plan.previous,
         )
         if self.cache is not None:
             self.cache.put(state)

@@ -270,3 +270,24 @@ def test_client_suite_measures_each_client_against_the_floor_client_on_the_same_
     for by_mark in result["clients"].values():
         assert _is_stats(by_mark["10"]) and by_mark["10"]["median"] > 0 and by_mark["10"]["x_floor"] > 0
     assert result["clients"]["floor"]["10"]["x_floor"] == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_memory_suite_reports_each_held_conversation_by_tracemalloc_rss_and_what_holds_it(tmp_path: Path) -> None:
+    bench_quick(["memory"], tmp_path, timeout=100)
+    result = _strict_json(tmp_path / "memory.json")
+    _check_targets(result)
+    assert [run["store"] for run in result["runs"]] == [False, True]
+    for run in result["runs"]:
+        held = run["in_process"]
+        assert (
+            held["json_bytes_per_conversation"]
+            > (result["config"]["turns"] - 1) * result["config"]["tool_output_bytes"]
+        )
+        assert held["tracemalloc_bytes_per_conversation"] > held["json_bytes_per_conversation"]
+        parts = held["walk_bytes_per_conversation"]
+        assert parts["items"] > 0 and parts["fragments"] > 0 and parts["response_objects"] > 0
+        assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
+        assert held["states"] == 2 * result["config"]["turns"]
+        assert run["child_process"]["rss_after_bytes"] > 0
+    assert "held by" in (tmp_path / "summary.txt").read_text()

@@ -214,6 +214,36 @@ def test_evicting_a_parent_charges_its_child_with_the_history_it_still_holds():
     assert ledger.total == 0
 
 
+def test_forks_of_one_parent_are_charged_what_they_add_then_in_full_when_it_leaves():
+    (root,) = chain(1)
+    forks = [
+        ResponseState(
+            response={"id": f"f{n}", "previous_response_id": root.id},
+            input_items=[],
+            output_items=[],
+            tools=[],
+            chat_tools=ChatTools(),
+            history=root.history.extend([user(f"fork {n}")]),
+            call_ids=frozenset(),
+            base_held=root.history.held,
+        )
+        for n in range(3)
+    ]
+    ledger = ChainLedger()
+    for one in (root, *forks):
+        ledger.add(one)
+    assert ledger.total == root.size + sum(fork.own_bytes for fork in forks)
+    ledger.remove("f1")
+    ledger.remove(root.id)
+    assert ledger.total == forks[0].size + forks[2].size
+    ledger.add(root)
+    ledger.add(forks[1])  # a child of a parent held again is charged only what it adds
+    assert ledger.total == forks[0].size + forks[2].size + root.size + forks[1].own_bytes
+    for one in (*forks, root):
+        ledger.remove(one.id)
+    assert ledger.total == 0
+
+
 def test_the_cache_keeps_a_long_chain_within_its_byte_bound():
     states = chain(400)
     history = states[-1].size

@@ -16,9 +16,12 @@ turns always render to the same bytes, so the backends' prefix caches hit on eve
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from ..footprint import footprint
 from ..history import History, Item
@@ -33,15 +36,18 @@ RENDERING = "chat"
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ChatPrompt:
-    """The history as chat messages (instructions excluded) and their encodings.
+    """The history as chat messages (instructions excluded), kept as their JSON encodings only.
 
     A chain of segments: each `extend` adds one segment and points at the prompt it extends,
     so the states of a conversation share their history and N turns hold O(total bytes), not
-    O(N^2). `messages` and `fragments` walk the chain (O(N), as the backend body join is).
+    O(N^2). A segment keeps each message's encoding (what the backend body joins) and not the
+    message dict: the strings of a dict would be shared with the items, but its containers cost
+    about as much again as the fragments, and only rare paths (a tokenizer, the guard simulator)
+    read messages back, decoding them. `messages` and `fragments` walk the chain (O(N), as the
+    backend body join is).
     """
 
     parent: ChatPrompt | None = field(default=None, repr=False)
-    own_messages: tuple[Message, ...] = ()
     own_fragments: tuple[bytes, ...] = ()
     count: int = 0
     """Messages in the whole chain."""
@@ -55,14 +61,12 @@ class ChatPrompt:
             return self
         # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
         fragments = tuple(bytes(memoryview(encode(m))) for m in messages)
-        own = tuple(messages)
         return ChatPrompt(
             self if self.count else None,
-            own,
             fragments,
-            self.count + len(own),
+            self.count + len(fragments),
             self.nbytes + sum(len(f) + 1 for f in fragments),
-            self.held + footprint((own, fragments)),
+            self.held + SEGMENT_HELD + footprint(fragments),
         )
 
     def _segments(self) -> list[ChatPrompt]:
@@ -76,7 +80,8 @@ class ChatPrompt:
 
     @property
     def messages(self) -> tuple[Message, ...]:
-        return tuple(m for segment in self._segments() for m in segment.own_messages)
+        """Every message, decoded from its fragment (a new dict each call)."""
+        return tuple(orjson.loads(f) for f in self.fragments)
 
     @property
     def fragments(self) -> tuple[bytes, ...]:
@@ -92,12 +97,17 @@ class ChatPrompt:
 
     @property
     def last_message(self) -> Message | None:
-        return self.own_messages[-1] if self.own_messages else None
+        """The newest message, decoded (a new dict each call)."""
+        return orjson.loads(self.own_fragments[-1]) if self.own_fragments else None
 
     def encoded_messages(self, instructions: str | None) -> bytes:
         """The JSON array of messages, with the request's instructions as the leading system message."""
         head = [encode({"content": instructions, "role": "system"})] if instructions else []
         return b"[" + b",".join([*head, *self.fragments]) + b"]"
+
+
+SEGMENT_HELD = sys.getsizeof(ChatPrompt())
+"""The segment object itself, beside its fragments."""
 
 
 def chat_prompt(history: History) -> ChatPrompt:
