@@ -3,6 +3,7 @@
     python examples/framework_agents.py pydantic-ai        # a shim on loopback, simulated backend
     python examples/framework_agents.py autogen
     python examples/framework_agents.py langchain           # a stock ChatOpenAI on Chat Completions
+    python examples/framework_agents.py smolagents          # a ToolCallingAgent (pip install -e '.[smolagents]')
     python examples/framework_agents.py llama-index         # needs LlamaIndex (openai<3): tests/frameworks/requirements.txt
     python examples/framework_agents.py crewai              # needs CrewAI (openai<3): tests/frameworks/requirements.txt
     python examples/framework_agents.py autogen --base-url https://api.openai.com/v1 --model gpt-4.1   # a real endpoint
@@ -13,7 +14,7 @@ the tool's result. The script prints the answers and the session's stats: turns 
 many of them went with `previous_response_id` and only their new messages.
 
 Each framework is an optional install: `pip install -e '.[pydantic-ai]'` (or `.[autogen]`,
-`.[langchain]`) from this checkout; LlamaIndex and CrewAI pin openai<3, so they go in a venv of
+`.[langchain]`, `.[smolagents]`) from this checkout; LlamaIndex and CrewAI pin openai<3, so they go in a venv of
 their own with `pip install -e . -r tests/frameworks/requirements.txt`. A missing one is named, exit 2.
 
 The model name defaults to `gpt-4o-mini`, not the other examples' `simulated-1`: LlamaIndex and
@@ -44,6 +45,10 @@ TASKS = [f"Find record {n}.\ncall lookup {json.dumps({'n': n})}" for n in (3, 4,
 def lookup(n: int) -> str:
     """Look up a record by number."""
     return f"record {n} is blue"
+
+
+SIMULATED = True
+"""Whether the model is the shim's simulator (no --base-url): it calls a tool only when told by a `call` line."""
 
 
 def pydantic_ai(base_url: str, api_key: str, model: str) -> tuple[list[str], Any]:
@@ -134,12 +139,35 @@ def crewai(base_url: str, api_key: str, model: str) -> tuple[list[str], Any]:
     return [task.raw for task in result.tasks_output], session_of(llm).stats
 
 
+def smolagents(base_url: str, api_key: str, model: str) -> tuple[list[str], Any]:
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    from plugins.smolagents import session_of, websocket_model
+
+    @tool
+    def lookup_record(n: int) -> str:
+        """Look up a record by number.
+
+        Args:
+            n: the record's number
+        """
+        found = lookup(n)  # a smolagents agent ends with its final_answer tool: the simulator is told so
+        return f"{found}\ncall final_answer {json.dumps({'answer': found})}" if SIMULATED else found
+
+    smol = websocket_model(OpenAIServerModel(model_id=model, api_base=base_url, api_key=api_key))  # the one line
+    agent = ToolCallingAgent(tools=[lookup_record], model=smol, verbosity_level=0, max_steps=4)
+    tasks = [task.replace("call lookup", "call lookup_record") for task in TASKS]
+    outputs = [str(agent.run(task, reset=index == 0)) for index, task in enumerate(tasks)]
+    return outputs, session_of(smol).stats
+
+
 FRAMEWORKS: dict[str, Callable[[str, str, str], tuple[list[str], Any]]] = {
     "pydantic-ai": pydantic_ai,
     "autogen": autogen,
     "langchain": langchain,
     "llama-index": llama_index,
     "crewai": crewai,
+    "smolagents": smolagents,
 }
 
 
@@ -147,6 +175,7 @@ INSTALL = {
     "pydantic-ai": "pip install -e '.[pydantic-ai]'",
     "autogen": "pip install -e '.[autogen]'",
     "langchain": "pip install -e '.[langchain]'",
+    "smolagents": "pip install -e '.[smolagents]'",
     "llama-index": "pip install -e . -r tests/frameworks/requirements.txt  (a venv of its own: openai<3)",
     "crewai": "pip install -e . -r tests/frameworks/requirements.txt  (a venv of its own: openai<3)",
 }
@@ -175,6 +204,8 @@ def main() -> None:
         help="default: $OPENAI_API_KEY, else sk-local",
     )
     args = parser.parse_args()
+    global SIMULATED
+    SIMULATED = args.base_url is None
     try:
         with endpoint(args.base_url) as base_url:
             outputs, stats = FRAMEWORKS[args.framework](base_url, args.api_key, args.model)

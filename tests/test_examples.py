@@ -68,7 +68,7 @@ def test_agents_sdk_agent_runs_over_one_websocket() -> None:
     assert "shim: 1 websocket connection(s)" in out
 
 
-@pytest.mark.parametrize("framework", ["pydantic-ai", "autogen", "langchain"])
+@pytest.mark.parametrize("framework", ["pydantic-ai", "autogen", "langchain", "smolagents"])
 def test_framework_agent_example_chains_every_turn_after_the_first(framework: str) -> None:
     out = run_example("examples/framework_agents.py", framework)
     assert out.count("record ") >= 3 and "record 5 is blue" in out

@@ -1,7 +1,7 @@
 """The simulated backend: deterministic, paced, and labelled as a simulator wherever it shows.
 
 Contract (also in the README): it streams a deterministic text reply of
-`max_output_tokens` tokens (default 16); if the newest user message has a line
+`max_output_tokens` tokens (default 16); if the newest user message or tool output has a line
 `call NAME {json}` and NAME is a function tool of the request (a namespace member by
 `namespace__name`), it emits that function call with those arguments instead; a line
 `custom NAME text...` calls the custom tool NAME with everything after the name, the
@@ -165,7 +165,7 @@ def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, I
     if not tools:
         return None
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") for tool in tools}
-    if last is not None and last["role"] == "user":
+    if last is not None and last["role"] in ("user", "tool"):  # a tool's output may ask for the next call
         lines = _text(last["content"]).splitlines()
         for index, line in enumerate(lines):
             call = _directive(line.strip(), lines[index + 1 :], schemas)
