@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 MAX_LISTED_MODELS = 20
 """How many served model names a `model_not_found` message lists before it abbreviates."""
@@ -117,31 +118,31 @@ class BackendError(Exception):
         return self.status is None or self.status >= 500 or self.status == 408
 
     def api_error(self) -> APIError:
+        """What the client sees: what happened, the status and the deployment's name, never its address."""
         status = self.status
         said = f": {redact(self.detail)}" if self.detail else ""
+        backend = f"The backend of deployment {self.deployment!r}" if self.deployment else "The backend"
         if status == 429:
             wait = f" Retry after {self.retry_after_s:g} s." if self.retry_after_s else ""
-            message = f"The backend is rate limiting requests (status 429).{wait}"
+            message = f"{backend} is rate limiting requests (status 429).{wait}"
             return APIError(
                 429, "rate_limit_exceeded", message, type="rate_limit_error", retry_after_s=self.retry_after_s
             )
         if status == 504:
-            message = str(self) if self.public else "The backend timed out (status 504)."
+            message = str(self) if self.public else f"{backend} timed out (status 504)."
             return APIError(504, "backend_timeout", message, type="server_error")
         if status == 503:
-            message = str(self) if self.public else f"The backend is unavailable (status 503){said}."
+            message = str(self) if self.public else f"{backend} is unavailable (status 503){said}."
             return APIError(503, "backend_unavailable", message, type="server_error", retry_after_s=self.retry_after_s)
         if status is not None and 400 <= status < 500:
-            return APIError(
-                400, "backend_rejected_request", f"The backend rejected the request (status {status}){said}."
-            )
+            return APIError(400, "backend_rejected_request", f"{backend} rejected the request (status {status}){said}.")
         if self.public:
             return APIError(502, "backend_error", str(self), type="server_error")
         if self.unreached:
             where = f" to deployment {self.deployment!r}" if self.deployment else ""
             message = f"The backend was not reached: {self.unreached}{where}."
             return APIError(502, "backend_error", message, type="server_error")
-        message = f"The backend failed (status {status})." if status else "The backend failed before finishing."
+        message = f"{backend} failed (status {status})." if status else f"{backend} failed before finishing."
         return APIError(502, "backend_error", message, type="server_error")
 
 
@@ -154,6 +155,14 @@ _REDACTIONS = (
     ),
     (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@-]+){2,}[\\/]?"), "<path>"),
 )
+
+
+def without_credentials(url: str) -> str:
+    """A backend URL for a log line: the user and password some URLs carry (`http://user:pw@host`) taken out."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def redact(text: str, limit: int = 300) -> str:

@@ -89,9 +89,11 @@ async def test_backend_4xx_goes_to_that_client_only_and_never_opens_the_breaker(
     assert LEAKY_ERROR in caplog.text, "the full backend body is logged for the operator"
 
 
-async def test_backend_5xx_do_open_the_breaker(make_server, backend):
-    shim = make_server(config=config(backend.base_url))
+async def test_backend_5xx_do_open_the_breaker(make_server, backend, caplog):
+    with_password = backend.base_url.replace("http://", "http://operator:hunter2@")
+    shim = make_server(config=config(with_password))
     backend.queue.extend(["http_500"] * 3)
+    caplog.set_level(logging.WARNING)
     async with (
         AsyncOpenAI(base_url=shim.base_url, api_key=API_KEY, max_retries=0) as sdk,
         sdk.responses.connect() as conn,
@@ -99,7 +101,7 @@ async def test_backend_5xx_do_open_the_breaker(make_server, backend):
         for _ in range(3):
             turn = await run_turn(conn, model=MODEL, input="x", store=False)
             assert turn.error["error"]["code"] == "backend_error"
-            assert turn.error["error"]["message"] == "The backend failed (status 500)."
+            assert turn.error["error"]["message"] == "The backend of deployment 'faulty' failed (status 500)."
         refused = await run_turn(conn, model=MODEL, input="x", store=False)
         assert refused.error["error"]["code"] == "backend_unavailable"
         message = refused.error["error"]["message"]
@@ -107,6 +109,8 @@ async def test_backend_5xx_do_open_the_breaker(make_server, backend):
             r"deployment 'faulty' unavailable: breaker open after 3 faults, retry after \d+\.\d s", message
         )
     assert backend.requests == 3, "the open breaker sent nothing more to the failing backend"
+    assert LEAKY_ERROR in caplog.text and backend.base_url.removeprefix("http://") in caplog.text, "for the operator"
+    assert "hunter2" not in caplog.text, "the URL's password never reaches the log"
 
 
 async def test_a_backend_that_is_down_says_connection_refused_then_breaker_open_naming_the_deployment(make_server):

@@ -83,13 +83,13 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
                         return
                     error = await self._status_error(response)
                     if with_options and error.status in (400, 422) and "stream_options" in str(error):
-                        log.warning("backend %s refuses stream_options; no longer sending it", self.base_url)
+                        log.warning("backend %s refuses stream_options; no longer sending it", self.where)
                         self.sends_stream_options = False
                         continue
                     raise error
         except httpx2.HTTPError as exc:
             raise BackendError(
-                f"backend {self.base_url} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
+                f"backend {self.where} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
             ) from exc
 
     def _body(self, request: BackendRequest, prompt: ChatPrompt, with_stream_options: bool) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx2
 
-from ..errors import BackendError
+from ..errors import BackendError, without_credentials
 from .base import loads
 from .rate_limits import RateLimitState
 
@@ -24,6 +24,8 @@ class PooledHTTPBackend:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
+        self.where = without_credentials(self.base_url)
+        """The URL as log lines and error messages for the operator show it (no user or password)."""
         self.rate_limit = RateLimitState(reserve_tokens=rate_limit_reserve_tokens)
         headers = {"content-type": "application/json"}
         if api_key:
@@ -42,10 +44,10 @@ class PooledHTTPBackend:
         try:
             response = await self._client.get("/models")
         except httpx2.HTTPError as exc:
-            raise BackendError(f"backend {self.base_url} unreachable: {exc}", unreached=unreached(exc)) from exc
+            raise BackendError(f"backend {self.where} unreachable: {exc}", unreached=unreached(exc)) from exc
         if response.status_code != 200:
             raise BackendError(
-                f"backend {self.base_url} /models answered {response.status_code}", status=response.status_code
+                f"backend {self.where} /models answered {response.status_code}", status=response.status_code
             )
         return [entry["id"] for entry in loads(response.content).get("data", [])]
 
@@ -54,7 +56,7 @@ class PooledHTTPBackend:
         status = response.status_code
         body = (await response.aread()).decode(errors="replace")[:2000]
         return BackendError(
-            f"backend {self.base_url} answered HTTP {status}: {body[:500]}",
+            f"backend {self.where} answered HTTP {status}: {body[:500]}",
             status=status,
             retryable=status >= 500 or status == 429,
             retry_after_s=self.rate_limit.retry_after(response.headers) if status == 429 else None,

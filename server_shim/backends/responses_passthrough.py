@@ -30,7 +30,7 @@ import httpx2
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from ..errors import BackendError
+from ..errors import BackendError, without_credentials
 from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, loads
 from .pooled import PooledHTTPBackend, unreached
 from .sse import bounded_lines
@@ -74,7 +74,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                 raise BackendError("upstream stream ended before the response finished")
         except httpx2.HTTPError as exc:
             raise BackendError(
-                f"upstream {self.base_url} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
+                f"upstream {self.where} failed: {type(exc).__name__}: {exc}", unreached=unreached(exc)
             ) from exc
 
     async def _stream_websocket(self, request: BackendRequest, connection_id: str) -> AsyncGenerator[Delta, None]:
@@ -94,7 +94,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                         yield delta
             except websockets.ConnectionClosed as exc:
                 self._drop(connection_id)
-                raise BackendError(f"upstream socket {self.base_url} closed: {exc}") from exc
+                raise BackendError(f"upstream socket {self.where} closed: {exc}") from exc
             except BaseException:
                 if not reader.done:  # stopped mid-response: the socket still holds its events
                     self._drop(connection_id)
@@ -113,7 +113,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
             try:
                 socket = await websockets.connect(url, additional_headers=self._headers, max_size=None)
             except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:
-                raise BackendError(f"upstream socket {url} unreachable: {exc}") from exc
+                raise BackendError(f"upstream socket {without_credentials(url)} unreachable: {exc}") from exc
             upstream = self._upstreams.setdefault(connection_id, _Upstream(socket))
             if upstream.socket is not socket:
                 await socket.close()
