@@ -44,22 +44,88 @@ class DeadlineExceeded(BackendError):
         self.which = which
 
 
+class _Alarm:
+    """One timer per stream, armed at its nearest deadline: it cancels the read in progress when it
+    fires (as `asyncio.timeout` around each read would, without a timer made per delta)."""
+
+    __slots__ = ("base", "cancelled", "fired", "handle", "reading", "which")
+
+    def __init__(self) -> None:
+        self.handle: asyncio.Handle | None = None
+        self.which = TOTAL
+        self.reading: asyncio.Task[object] | None = None
+        """The task waiting on a read, while one is in progress."""
+        self.fired = False
+        self.cancelled = False
+        self.base = 0
+        """The task's pending cancellations before this alarm added one (what `uncancel` returns to)."""
+
+    def arm(self, loop: asyncio.AbstractEventLoop, left: float, which: str) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.which = which
+        self.handle = loop.call_later(max(left, 0.0), self.fire)
+
+    def fire(self) -> None:
+        self.handle = None
+        self.fired = True
+        if self.reading is not None and not self.cancelled:
+            self.base = self.reading.cancelling()
+            self.cancelled = True
+            self.reading.cancel()
+
+    def disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def expired(self, task: asyncio.Task[object]) -> bool:
+        """After a read ended (a cancellation included): whether the alarm cut it, its cancellation withdrawn."""
+        if not self.cancelled:
+            return False
+        self.cancelled = False
+        return task.uncancel() <= self.base
+
+
 async def within(
     stream: AsyncIterator[Delta], deadlines: Deadlines, clock: Callable[[], float]
 ) -> AsyncGenerator[Delta, None]:
-    """The deltas of `stream`, or `DeadlineExceeded` as soon as a deadline passes (the read is cancelled)."""
+    """The deltas of `stream`, or `DeadlineExceeded` as soon as a deadline passes (the read is cancelled).
+
+    One timer for the nearest deadline, moved once (first token -> total). A deadline that passes
+    while the caller holds a delta cuts the next read that has to wait, as it would have cut it
+    had the read begun with no time left; a delta ready at once still goes through.
+    """
+    loop = asyncio.get_running_loop()
     started = clock()
     first_token_at: float | None = None
-    while True:
-        left, which = deadlines.next(started, first_token_at, clock())
-        try:
-            async with asyncio.timeout(max(left, 0.0)):
+    alarm = _Alarm()
+    alarm.arm(loop, *deadlines.next(started, None, started))
+    try:
+        while True:
+            if alarm.fired:  # past due: the read is cut if it has to wait
+                alarm.handle = loop.call_soon(alarm.fire)
+            task = alarm.reading = asyncio.current_task()
+            assert task is not None
+            try:
                 delta = await anext(stream)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            seconds = deadlines.first_token_s if which == FIRST_TOKEN else deadlines.total_s
-            raise DeadlineExceeded(which, seconds, started=first_token_at is not None) from None
-        if first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
-            first_token_at = clock()
-        yield delta
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if alarm.expired(task):
+                    seconds = deadlines.first_token_s if alarm.which == FIRST_TOKEN else deadlines.total_s
+                    raise DeadlineExceeded(alarm.which, seconds, started=first_token_at is not None) from None
+                raise
+            finally:
+                alarm.reading = None
+            alarm.expired(task)  # a cancellation the stream swallowed is withdrawn; the next read is cut
+            if alarm.fired:
+                alarm.disarm()
+            if first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
+                first_token_at = clock()
+                if alarm.which == FIRST_TOKEN:  # from now on only the total deadline counts
+                    alarm.fired = False
+                    alarm.arm(loop, *deadlines.next(started, first_token_at, first_token_at))
+            yield delta
+    finally:
+        alarm.disarm()

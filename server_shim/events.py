@@ -240,8 +240,12 @@ def response_object(
     incomplete_reason: str | None = None,
     created_at: float | None = None,
     labels: dict[str, str] | None = None,
+    echoed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Response object as the API returns it: every request field it echoes, then the outcome."""
+    """The Response object as the API returns it: every request field it echoes, then the outcome.
+
+    `echoed`: `echoed_fields(request)` when the caller has it already (a turn builds several).
+    """
     now = time.time()
     return {
         "id": response_id,
@@ -249,7 +253,7 @@ def response_object(
         "created_at": int(created_at or now),
         "completed_at": int(now) if status in ("completed", "incomplete", "failed") else None,
         "status": status,
-        **echoed_fields(request),
+        **(echoed_fields(request) if echoed is None else echoed),
         "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "metadata": {**(request.metadata or {}), **labels} if labels else (request.metadata or {}),

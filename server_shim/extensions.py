@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
@@ -20,7 +19,7 @@ import pluggy
 from . import hookspecs
 from .backends.base import BackendFactory
 from .checks import Check
-from .postinference import TurnInfo
+from .postinference import TurnInfo, call_each
 from .safety import Classifier, Validator
 
 log = logging.getLogger(__name__)
@@ -89,19 +88,22 @@ def _flatten(groups: list[list[Any]]) -> list[Any]:
     return [item for group in groups for item in group or ()]
 
 
-def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], TurnInfo], Awaitable[None]]:
-    """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other."""
+def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], TurnInfo], Awaitable[None] | None]:
+    """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other.
+
+    Synchronous implementations run at once; from the first that returns an awaitable on, the rest
+    run in the awaitable returned, in order (`call_each`), so a turn whose sinks are all
+    synchronous (the built-in ones) needs no task.
+    """
     hook = manager.hook.responses_ws_response_finished
 
-    async def sink(response: dict[str, Any], info: TurnInfo) -> None:
+    def sink(response: dict[str, Any], info: TurnInfo) -> Awaitable[None] | None:
         args = {"response": response, "transport": info.transport, "info": info}
-        for impl in reversed(hook.get_hookimpls()):
-            try:
-                result = impl.function(*(args[name] for name in impl.argnames))
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("post-inference sink of plugin %s failed for %s", impl.plugin_name, response["id"])
+        calls = [
+            (f"of plugin {impl.plugin_name}", functools.partial(impl.function, *(args[n] for n in impl.argnames)))
+            for impl in reversed(hook.get_hookimpls())
+        ]
+        return call_each(calls, response["id"])
 
     return sink
 

@@ -6,10 +6,11 @@ Both writes are idempotent on the record id (the response id): SQLite by primary
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, astuple, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import orjson
 from .ledger import UsageRecord
 
 COLUMNS = [f.name for f in fields(UsageRecord)]
+_ROW = operator.attrgetter(*COLUMNS)
+"""A record's values in column order (`dataclasses.astuple` deep-copies each value: 10x slower)."""
 STREAM = "responses-ws:usage"
 SEEN_PREFIX = "responses-ws:usage:seen:"
 SEEN_TTL_S = 2 * 86400
@@ -58,7 +61,7 @@ class SqliteSink:
     def write(self, records: list[UsageRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
         with self._lock, self._db:
-            self._db.executemany(f"INSERT OR IGNORE INTO usage VALUES ({marks})", [astuple(r) for r in records])
+            self._db.executemany(f"INSERT OR IGNORE INTO usage VALUES ({marks})", [_ROW(r) for r in records])
 
     def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
         query = f"SELECT {', '.join(COLUMNS)} FROM usage WHERE created_at >= ?"
@@ -88,7 +91,7 @@ class RedisStreamSink:
     def write(self, records: list[UsageRecord]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for record in records:
-            payload = orjson.dumps(asdict(record))
+            payload = orjson.dumps(record)  # a dataclass's fields, in order
             self._add_once(keys=[SEEN_PREFIX + record.id, STREAM], args=[SEEN_TTL_S, payload], client=pipe)
         pipe.execute()
 

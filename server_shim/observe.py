@@ -36,6 +36,8 @@ def turn_finished(turn: Turn) -> None:
     )
     for kind, seconds in result.plugin_s.items():
         metrics.PLUGIN_SECONDS.labels(kind).observe(seconds)
+    if not (log.isEnabledFor(logging.INFO) or tracing.enabled()):
+        return  # nobody reads the fields: not built
     ttft = stages.ttft_s
     fields = {
         "tenant": turn.tenant or ANONYMOUS,

@@ -2,16 +2,19 @@
 
 The turn hands each finished response to `submit` just before the client gets its terminal
 event. `submit` returns at once: the usage ledger, when there is one, accepts the record
-synchronously (a journal append, so a crash right after cannot lose it), and the sinks run in
-a background task. `aclose` waits for what is pending, so nothing is dropped at shutdown.
+synchronously (a journal append, so a crash right after cannot lose it), and the sinks run on the
+next loop iteration, in a background task from the first one that returns an awaitable (none when
+every sink is synchronous, as the built-in ones are). `aclose` waits for what is pending, so
+nothing is dropped at shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,38 +48,83 @@ class PostInference:
         self.sinks = tuple(sinks)
         self.ledger = ledger
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scheduled = 0
+        """Sink runs scheduled for the next loop iteration and not started yet."""
 
     def submit(self, response: dict[str, Any], info: TurnInfo) -> None:
+        """The sinks run on the next loop iteration, after the frames ready now are written; a task
+        is made only for a sink that returns an awaitable (most turns have none to wait for)."""
         if self.ledger is not None:
             self.ledger.accept(usage_record(response, info))
         if not self.sinks:
             return
-        task = asyncio.get_running_loop().create_task(self._run(response, info))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._scheduled += 1
+        asyncio.get_running_loop().call_soon(self._start, response, info)
 
-    async def _run(self, response: dict[str, Any], info: TurnInfo) -> None:
-        for sink in self.sinks:
-            try:
-                result = sink(response, info)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("post-inference sink %r failed for %s", sink, response.get("id"))
+    def _start(self, response: dict[str, Any], info: TurnInfo) -> None:
+        self._scheduled -= 1
+        calls = [(sink, functools.partial(sink, response, info)) for sink in self.sinks]
+        waiting = call_each(calls, response.get("id"))
+        if waiting is not None:
+            task = asyncio.get_running_loop().create_task(waiting)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     @property
     def pending(self) -> int:
-        return len(self._tasks)
+        return self._scheduled + len(self._tasks)
 
     async def start(self) -> None:
         if self.ledger is not None:
             await self.ledger.start()
 
     async def aclose(self) -> None:
-        while self._tasks:
+        while self.pending:
+            await asyncio.sleep(0)  # scheduled runs start; the tasks they make are awaited below
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self.ledger is not None:
             await self.ledger.aclose()
+
+
+Call = tuple[object, Callable[[], object]]
+"""A sink to run (what names it in the log line when it fails) and how to call it."""
+
+
+def call_each(calls: Sequence[Call], response_id: str | None) -> Coroutine[Any, Any, None] | None:
+    """Run each call in order, each on its own (a failure is logged and stops no other).
+
+    Synchronous ones run at once; from the first that returns an awaitable on, the rest run in
+    the coroutine returned, in order. None when everything has run: no task is needed.
+    """
+    for index, (name, call) in enumerate(calls):
+        waiting = _call(name, call, response_id)
+        if waiting is not None:
+            return _finish(name, waiting, calls[index + 1 :], response_id)
+    return None
+
+
+async def _finish(name: object, waiting: Awaitable[Any], rest: Sequence[Call], response_id: str | None) -> None:
+    await _wait(name, waiting, response_id)
+    for later, call in rest:
+        result = _call(later, call, response_id)
+        if result is not None:
+            await _wait(later, result, response_id)
+
+
+def _call(name: object, call: Callable[[], object], response_id: str | None) -> Awaitable[Any] | None:
+    try:
+        result = call()
+    except Exception:
+        log.exception("post-inference sink %s failed for %s", name, response_id)
+        return None
+    return result if inspect.isawaitable(result) else None
+
+
+async def _wait(name: object, waiting: Awaitable[Any], response_id: str | None) -> None:
+    try:
+        await waiting
+    except Exception:
+        log.exception("post-inference sink %s failed for %s", name, response_id)
 
 
 def usage_record(response: dict[str, Any], info: TurnInfo) -> UsageRecord:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import metrics
 from .backends.base import (
@@ -105,6 +107,7 @@ class Router:
         self._health_task: asyncio.Task[None] | None = None
         self._probed = asyncio.Event()
         self._reachable: dict[str, bool] = {}
+        self._published: dict[str, str] = {}
 
     async def models(self) -> list[str]:
         """The public aliases, plus what each `"*"` deployment lists; an error rather than an empty list
@@ -142,15 +145,21 @@ class Router:
             deployment = resolved[0] if resolved else None
         return deployment
 
-    def candidates(self, alias: str, sticky: str | None) -> list[Deployment]:
-        """Deployments to try, best first: the sticky one if usable, else a fresh resolution."""
+    def candidates(self, alias: str, sticky: str | None) -> Iterator[Deployment]:
+        """Deployments to try, best first: the sticky one if usable, else a fresh resolution.
+
+        Lazy: a conversation that stays on its sticky deployment never resolves again; the others
+        are resolved only when it fails over.
+        """
         if sticky is not None:
             deployment = self.deployments.get(sticky)
             if deployment is not None and deployment.health.available(self.clock()) and deployment.serves(alias):
                 self.stats.sticky_reuses += 1
-                return [deployment, *(d for d in self._resolve(alias) if d is not deployment)]
+                yield deployment
+                yield from (d for d in self._resolve(alias) if d is not deployment)
+                return
         self.stats.resolutions += 1
-        return self._resolve(alias)
+        yield from self._resolve(alias)
 
     def _resolve(self, alias: str) -> list[Deployment]:
         serving = [d for d in self.deployments.values() if d.serves(alias)]
@@ -167,20 +176,22 @@ class Router:
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         candidates = self.candidates(request.model, request.deployment)
+        first = next(candidates, None)
         if request.stages is not None:
             request.stages.mark("route")
-        if not candidates:
+        if first is None:
             raise self._unavailable(request.model)
         last_error: BackendError | None = None
-        for index, deployment in enumerate(candidates):
-            if index:
+        previous: Deployment | None = None
+        for deployment in itertools.chain((first,), candidates):
+            if previous is not None:
                 self.stats.failovers += 1
-                log.warning("failing over from %s to %s", candidates[index - 1].name, deployment.name)
+                log.warning("failing over from %s to %s", previous.name, deployment.name)
+            previous = deployment
             started = False
             carry = request.carry if deployment.name == request.deployment else {}
             try:
-                routed = replace(request, model=deployment.backend_model(request.model), carry=carry)
-                async for delta in self._stream_one(deployment, routed):
+                async for delta in self._stream_one(deployment, _routed(request, deployment, carry)):
                     if isinstance(delta, Carry):
                         carry = delta.values
                         continue
@@ -306,8 +317,11 @@ class Router:
         }
 
     def _publish(self, deployment: Deployment) -> None:
+        """The breaker gauge, set when the state it shows changed (most turns change nothing)."""
         state = deployment.health.state(self.clock())
-        metrics.BREAKER.labels(deployment.name).set(metrics.BREAKER_STATES[state])
+        if self._published.get(deployment.name) != state:
+            metrics.BREAKER.labels(deployment.name).set(metrics.BREAKER_STATES[state])
+            self._published[deployment.name] = state
 
     async def release(self, connection_id: str) -> None:
         scoped = [d.backend for d in self.deployments.values() if isinstance(d.backend, ConnectionScoped)]
@@ -362,6 +376,14 @@ def factory_for(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Bac
     except TypeError as exc:
         raise ValueError(f"deployment {spec.name!r}: kind {spec.kind!r} does not take these options: {exc}") from None
     return factory
+
+
+def _routed(request: BackendRequest, deployment: Deployment, carry: Mapping[str, Any]) -> BackendRequest:
+    """The request as `deployment` gets it: its own model name and carry (the same object when both are)."""
+    model = deployment.backend_model(request.model)
+    if model == request.model and (carry is request.carry or not (carry or request.carry)):
+        return request
+    return replace(request, model=model, carry=carry)
 
 
 def _why_resting(deployment: Deployment, now: float) -> str:

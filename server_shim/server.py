@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import socket
+import struct
 import threading
 from typing import Any
 
@@ -21,6 +22,7 @@ from uvicorn.supervisors import Multiprocess
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
+from websockets.protocol import State
 
 from . import metrics, tracing
 from .app import ShimState, create_app
@@ -33,6 +35,8 @@ from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
 FORCE_CLOSE_GRACE_S = 5.0
 CORK_MAX_BYTES = 64 * 1024
 """Frames held for one loop iteration are written at once past this size (the writer's backpressure bound)."""
+_HEADER_16 = struct.Struct("!BBH")
+_HEADER_64 = struct.Struct("!BBQ")
 
 log = logging.getLogger("responses_ws")
 
@@ -96,8 +100,23 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.conn.send_text((message.get("text") or "").encode())
         except InvalidState:
             raise ClientDisconnected() from None
+        self._hold(*self.conn.data_to_send())
+
+    def send_text_now(self, data: bytes) -> None:
+        """One text frame of `data` (UTF-8) corked at once, without an ASGI message: the app's fast path.
+
+        For a socket that is writable (the caller checks), so nothing waits: the frame header is
+        built here (a server's frames are unmasked, and this protocol negotiates no extension), which
+        is what `websockets` would write, less the ASGI, Starlette and `websockets` layers per event.
+        """
+        if self.disconnected or self.close_sent or self.conn.state is not State.OPEN:
+            raise ClientDisconnected()
+        self._hold(text_frame_header(len(data)), data)
+
+    def _hold(self, *chunks: bytes) -> None:
+        """Keep chunks for the write at the end of this loop iteration (at once past `CORK_MAX_BYTES`)."""
         first = not self._corked
-        for chunk in self.conn.data_to_send():
+        for chunk in chunks:
             self._corked.append(chunk)
             self._corked_bytes += len(chunk)
         if self._corked_bytes >= CORK_MAX_BYTES:
@@ -136,7 +155,11 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][FORCE_CLOSE_EXTENSION] = {"close": self.force_close, "writable": self.writable.is_set}
+            scope["extensions"][FORCE_CLOSE_EXTENSION] = {
+                "close": self.force_close,
+                "writable": self.writable.is_set,
+                "send_text": self.send_text_now,
+            }
 
     def force_close(self, code: int, reason: str) -> None:
         """Close without waiting for the peer to read, which it may never do (a slow or stuck client).
@@ -174,6 +197,15 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
             event = too_large_error(limit).event()
             self.transport.write(Frame(Opcode.TEXT, orjson.dumps(event)).serialize(mask=False, extensions=[]))
         super().handle_parser_exception()
+
+
+def text_frame_header(size: int) -> bytes:
+    """The header of a final, unmasked text frame of `size` payload bytes (RFC 6455 section 5.2)."""
+    if size < 126:
+        return bytes((0x81, size))
+    if size < 65536:
+        return _HEADER_16.pack(0x81, 126, size)
+    return _HEADER_64.pack(0x81, 127, size)
 
 
 class ShimUvicornConfig(uvicorn.Config):

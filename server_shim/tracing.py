@@ -58,6 +58,11 @@ def disable() -> None:
     _tracer = None
 
 
+def enabled() -> bool:
+    """Whether spans are recorded (callers skip building their attributes otherwise)."""
+    return _tracer is not None
+
+
 def carrier(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     """The trace context headers of an ASGI request (empty when tracing is off: nothing to keep)."""
     if _tracer is None:

@@ -20,7 +20,7 @@ from .callids import with_calls
 from .checks import CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, model_not_found
-from .events import Event, EventSequence, OutputAssembler, new_id, response_object
+from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, response_object
 from .history import History
 from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes
@@ -70,6 +70,7 @@ class Turn:
         """Steering queued on this response (WebSocket only); checked between deltas."""
         self._assembler: OutputAssembler | None = None
         self._created_at = 0.0
+        self._echoed: dict | None = None
         self._produced = 0
         """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
 
@@ -184,7 +185,10 @@ class Turn:
             self.env.running.started(response_id, self.tenant)
         created_at = self._created_at = time.time()
         self._started = time.monotonic()
-        pending = response_object(response_id, request, status="in_progress", created_at=created_at, labels=plan.labels)
+        echoed = self._echoed = echoed_fields(request)
+        pending = response_object(
+            response_id, request, status="in_progress", created_at=created_at, labels=plan.labels, echoed=echoed
+        )
         yield self.seq("response.created", response=pending)
         yield self.seq("response.in_progress", response=pending)
 
@@ -270,6 +274,7 @@ class Turn:
             incomplete_reason=reason,
             created_at=created_at,
             labels=plan.labels,
+            echoed=echoed,
         )
         await self._finalize(final, plan)
         self.result.response = final
@@ -299,6 +304,7 @@ class Turn:
             output=assembler.output,
             usage=usage,
             created_at=self._created_at,
+            echoed=self._echoed,
         )
         self.result.response = cancelled
         self.env.post_inference.submit(cancelled, self._info())
@@ -359,6 +365,7 @@ class Turn:
             usage=assembler.usage,
             error={"code": error.code if isinstance(exc, APIError) else "server_error", "message": error.message},
             created_at=created_at,
+            echoed=self._echoed,
         )
         self.result.response = failed
         self.result.error = error

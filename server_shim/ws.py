@@ -13,7 +13,7 @@ import contextlib
 import enum
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -39,8 +39,9 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
 FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
-"""ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read, and
-`writable()`, true while a send will not wait for the peer (so it needs no timeout)."""
+"""ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
+`writable()`, true while a send will not wait for the peer (so it needs no timeout), and
+`send_text(data)`, which queues a text frame of UTF-8 bytes at once (only while writable)."""
 
 
 class ConnectionState(enum.Enum):
@@ -78,7 +79,11 @@ class ResponsesConnection:
         """Set while `queued` is not full: frames are read only then."""
         self._room.set()
         self._idle: asyncio.TimerHandle | None = None
-        self._writable = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {}).get("writable")
+        self._waiting_since = 0.0
+        """Loop time when the connection last started waiting for a frame (the idle timeout counts from it)."""
+        protocol = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {})
+        self._writable = protocol.get("writable")
+        self._send_now = protocol.get("send_text") if self._writable is not None else None
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -179,13 +184,21 @@ class ResponsesConnection:
             self._room.set()
 
     def _arm_idle_timer(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-        self._idle = asyncio.get_running_loop().call_later(self.settings.idle_timeout_s, self._on_idle)
+        """From now, `idle_timeout_s` without a frame closes the connection. One timer per connection,
+        moved only when it fires (not cancelled and made again for every frame)."""
+        loop = asyncio.get_running_loop()
+        self._waiting_since = loop.time()
+        if self._idle is None:
+            self._idle = loop.call_at(self._waiting_since + self.settings.idle_timeout_s, self._on_idle)
 
     def _on_idle(self) -> None:
         """No frame for `idle_timeout_s`: close if nothing is in flight, else look again later."""
-        if self._lanes:
+        self._idle = None
+        loop = asyncio.get_running_loop()
+        due = self._waiting_since + self.settings.idle_timeout_s
+        if loop.time() < due:  # a frame came since the timer was set
+            self._idle = loop.call_at(due, self._on_idle)
+        elif self._lanes:
             self._arm_idle_timer()
         else:
             self._start_close(CLOSE_GOING_AWAY, _idle_error(self.settings.idle_timeout_s))
@@ -254,23 +267,35 @@ class ResponsesConnection:
     async def send(self, event: dict[str, Any]) -> None:
         if event["type"] == "error":
             metrics.ERRORS.labels(event["error"]["code"]).inc()
-        text = orjson.dumps(event).decode()
+        data = orjson.dumps(event)
+        if self._send_now is not None and not self._send_lock.locked() and self._writable():
+            if self.state is ConnectionState.CLOSED:
+                raise WebSocketDisconnect(1006)
+            try:  # writable and no send waiting before it: the frame is queued at once, nothing awaited
+                self._send_now(data)
+            except OSError:
+                self._gone()
+            return
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
             try:
                 if self._writable is not None and self._writable():  # the send will not wait: no timer needed
-                    await self.websocket.send_text(text)
+                    await self.websocket.send_text(data.decode())
                     return
                 async with asyncio.timeout(self.settings.send_timeout_s):
-                    await self.websocket.send_text(text)
+                    await self.websocket.send_text(data.decode())
             except TimeoutError:
                 self._close_slow_reader()
                 raise WebSocketDisconnect(CLOSE_POLICY_VIOLATION) from None
             except (OSError, RuntimeError):  # closed under us (peer gone, or closed with 1009)
-                self.state = ConnectionState.CLOSED
-                self._room.set()
-                raise WebSocketDisconnect(1006) from None
+                self._gone()
+
+    def _gone(self) -> NoReturn:
+        """The socket closed under a send (peer gone, or closed with 1009): the connection is over."""
+        self.state = ConnectionState.CLOSED
+        self._room.set()
+        raise WebSocketDisconnect(1006) from None
 
     def _close_slow_reader(self) -> None:
         """The client has not read for `send_timeout_s`: it holds a slot and a buffer, so it is let go."""

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from openai import APIStatusError, AsyncOpenAI, InternalServerError
@@ -15,6 +15,7 @@ from support.chat_server import closed_port
 from support.fault_backend import LEAKY_ERROR, MODEL, FaultBackend
 from support.wire import API_KEY, completed_ok, run_turn
 
+from server_shim.backends.base import TextDelta
 from server_shim.backends.sse import bounded_lines
 from server_shim.config import DeploymentConfig, RoutingConfig, ShimConfig
 from server_shim.deadlines import FIRST_TOKEN, TOTAL, Deadlines, within
@@ -65,6 +66,64 @@ async def test_the_wrapper_cancels_the_read_and_raises_a_504_backend_fault():
     assert caught.value.status == 504 and caught.value.backend_fault
     assert caught.value.api_error().code == "backend_timeout"
     assert closed.is_set(), "the stalled read was cancelled, its resources released"
+
+
+async def texts_until_deadline(
+    stream: AsyncIterator[TextDelta], deadlines: Deadlines, busy_after_first_s: float = 0.0
+) -> tuple[list[str], BackendError]:
+    """The texts `within` let through, and the error it ended with; the caller can hold the first delta busy."""
+    got = []
+    with pytest.raises(BackendError) as caught:
+        async for delta in within(stream, deadlines, time.monotonic):
+            got.append(delta.text)
+            if len(got) == 1:
+                time.sleep(busy_after_first_s)  # blocks the loop, as a caller busy with the delta does
+    return got, caught.value
+
+
+async def test_after_the_first_token_only_the_total_deadline_counts():
+    async def slow_after_the_first():
+        yield TextDelta("a")
+        await asyncio.sleep(0.15)  # past the first-token deadline, well inside the total one
+        yield TextDelta("b")
+        await asyncio.sleep(60)
+        yield TextDelta("never")
+
+    got, error = await texts_until_deadline(slow_after_the_first(), Deadlines(0.05, 0.5))
+    assert got == ["a", "b"]
+    assert "total deadline of 0.5 s" in str(error)
+
+
+async def test_a_deadline_passing_while_the_caller_holds_a_delta_cuts_the_next_read_that_waits():
+    async def ready_then_waiting():
+        yield TextDelta("a")
+        yield TextDelta("ready at once")
+        await asyncio.sleep(0.01)
+        yield TextDelta("never")
+
+    got, error = await texts_until_deadline(ready_then_waiting(), Deadlines(1.0, 0.1), busy_after_first_s=0.15)
+    assert got == ["a", "ready at once"], "a delta ready at once still goes through"
+    assert error.status == 504 and "total" in str(error)
+
+
+async def test_a_cancellation_from_outside_is_not_a_deadline():
+    started = asyncio.Event()
+
+    async def stalled():
+        started.set()
+        await asyncio.sleep(60)
+        yield None
+
+    async def consume() -> None:
+        async for _ in within(stalled(), Deadlines(0.2, 0.4), time.monotonic):
+            pass
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.3)  # the deadline's timer went with the stream: nothing fires later
 
 
 # --- the breaker and the errors over a real server -----------------------------------------------

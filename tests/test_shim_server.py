@@ -12,9 +12,10 @@ from openai import AsyncOpenAI
 from openai.types.websocket_reconnection import is_recoverable_close
 from support.wire import API_KEY, MODEL, completed_ok, read_turn, run_turn, ws_url
 from websockets.asyncio.client import connect as ws_connect
+from websockets.frames import Frame, Opcode
 
 from server_shim import BackgroundServer, Settings, create_app
-from server_shim.server import ShimWebSocketProtocol
+from server_shim.server import ShimWebSocketProtocol, text_frame_header
 
 
 def test_a_background_server_listens_on_a_free_loopback_port():
@@ -99,6 +100,30 @@ async def test_a_delta_that_is_alone_is_written_at_once_not_held_for_the_next(ma
     deltas = [t for kind, t in arrivals if kind == "response.output_text.delta"]
     assert len(deltas) == 3
     assert deltas[1] - deltas[0] > 0.05 and deltas[2] - deltas[1] > 0.05  # each one left when it was ready
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536, 70000])
+def test_the_fast_path_frame_header_is_what_websockets_writes(size):
+    payload = b"x" * size
+    expected = Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[])
+    assert text_frame_header(size) + payload == expected
+
+
+async def test_events_of_every_frame_length_arrive_whole_through_the_fast_path(make_server):
+    server = make_server(simulated_tokens_per_s=0)
+    async with ws_connect(ws_url(server), max_size=None) as ws:
+        create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 9000}
+        for _ in range(2):
+            await ws.send(json.dumps(create))
+            sizes = []
+            while True:
+                raw = await asyncio.wait_for(ws.recv(), 10)
+                sizes.append(len(raw))
+                event = json.loads(raw)
+                if event["type"] == "response.completed":
+                    break
+            assert min(sizes) < 65536 <= max(sizes)  # 16-bit and 64-bit lengths; 7-bit in the header test
+            assert len(event["response"]["output"][0]["content"][0]["text"]) > 65536
 
 
 def test_the_startup_heap_is_frozen_out_of_the_collectors_sight_with_the_long_lived_thresholds():

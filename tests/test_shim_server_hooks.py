@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 
 from plugins import create_plugin_manager, hookimpl
 from server_shim import APIError, BackgroundServer, Settings, create_app
+from server_shim.postinference import PostInference, TurnInfo
 
 MODEL = "simulated-1"
 SINK_DELAY_S = 0.3
@@ -126,3 +127,33 @@ async def test_pending_sinks_finish_before_shutdown_completes():
         response = await client.responses.create(model=MODEL, input="over http", store=False)
     await asyncio.to_thread(server.stop)
     assert [(rid, transport) for rid, transport, _ in plugin.finished] == [(response.id, "http")]
+
+
+async def test_sinks_run_after_the_current_iteration_in_order_and_a_task_only_for_an_awaitable_one(caplog):
+    calls: list[str] = []
+    info = TurnInfo("websocket", None, None, None, None, 0.0)
+    response = {"id": "resp_1"}
+
+    def one(response: dict[str, Any], info: TurnInfo) -> None:
+        calls.append("one")
+
+    def broken(response: dict[str, Any], info: TurnInfo) -> None:
+        raise RuntimeError("sink exploded")
+
+    async def slow(response: dict[str, Any], info: TurnInfo) -> None:
+        await asyncio.sleep(0.01)
+        calls.append("slow")
+
+    synchronous = PostInference([one, broken, one])
+    synchronous.submit(response, info)
+    assert calls == [] and synchronous.pending == 1, "nothing runs before the turn's frames are out"
+    await asyncio.sleep(0)
+    assert calls == ["one", "one"] and synchronous.pending == 0, "all ran at once: no task left behind"
+    assert "sink exploded" in caplog.text
+
+    mixed = PostInference([one, slow, one])
+    mixed.submit(response, info)
+    await asyncio.sleep(0)
+    assert calls[2:] == ["one"] and mixed.pending == 1, "from the awaitable sink on, the rest run in one task"
+    await mixed.aclose()
+    assert calls[2:] == ["one", "slow", "one"] and mixed.pending == 0
