@@ -70,7 +70,6 @@ class Turn:
         """Steering queued on this response (WebSocket only); checked between deltas."""
         self._assembler: OutputAssembler | None = None
         self._created_at = 0.0
-        self._echoed: dict | None = None
         self._produced = 0
         """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
 
@@ -185,7 +184,7 @@ class Turn:
             self.env.running.started(response_id, self.tenant)
         created_at = self._created_at = time.time()
         self._started = time.monotonic()
-        echoed = self._echoed = echoed_fields(request)
+        echoed = echoed_fields(request)
         pending = response_object(
             response_id, request, status="in_progress", created_at=created_at, labels=plan.labels, echoed=echoed
         )
@@ -304,7 +303,6 @@ class Turn:
             output=assembler.output,
             usage=usage,
             created_at=self._created_at,
-            echoed=self._echoed,
         )
         self.result.response = cancelled
         self.env.post_inference.submit(cancelled, self._info())
@@ -365,7 +363,6 @@ class Turn:
             usage=assembler.usage,
             error={"code": error.code if isinstance(exc, APIError) else "server_error", "message": error.message},
             created_at=created_at,
-            echoed=self._echoed,
         )
         self.result.response = failed
         self.result.error = error
