@@ -53,7 +53,7 @@ from .report import fmt, format_table
 MODEL = "simulated-1"
 TURNS = 50
 TOOL_BYTES = 4000
-CONVERSATIONS = {"in_process": 6, "child_process": 20}
+CONVERSATIONS = {"in_process": 4, "child_process": 16}
 TARGET_MB = 0.8
 COMPLETED = b'{"type":"response.completed"'
 TOOL = {
@@ -226,7 +226,7 @@ async def _in_process(count: int, turns: int, store: bool) -> dict[str, Any]:
         sockets = [await _open(url) for _ in range(count)]
         warm_ids = {state.id for state in _states()[0]}
         gc.collect()
-        tracemalloc.start(12)
+        tracemalloc.start(8)
         before = tracemalloc.take_snapshot()
         sizes = await bounded(
             asyncio.gather(*(conversation(ws, turns, store) for ws in sockets)), 300, "the conversations"
