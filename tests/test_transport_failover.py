@@ -8,19 +8,27 @@ which continues from the responses A stored in Redis. The caller sees no error a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+import openai
 import pytest
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
+from starlette.responses import PlainTextResponse
+from starlette.websockets import WebSocket
 from support.chat_server import closed_port
 from support.serve import wait_healthy
 from support.tcp_proxy import FirstAliveProxy
-from support.wire import MODEL, user
+from support.wire import API_KEY, MODEL, user
+from websockets.asyncio.server import ServerConnection, serve
 
 import ws_transport
+from server_shim import BackgroundServer, Settings, create_app
 
 TURNS = 8
 KILL_AT = 4
@@ -121,3 +129,111 @@ async def test_with_failover_urls_a_conversation_survives_sigkill_of_its_replica
         check_stats(session.stats, mid_turn)
         assert session.stats.reconnects >= 1 and session.connections
     assert len(texts) == TURNS and all(texts)
+
+
+# --- one replica dies at a chosen point (a bare server), the other is the shim -------------------------
+
+
+class DyingReplica:
+    """A bare WebSocket server standing for replica A: on the first frame it sends `before` (events),
+    then dies: stops listening and drops the TCP connection, as a SIGKILL would."""
+
+    def __init__(self, before: list[dict[str, Any]]) -> None:
+        self.before = before
+        self.listener: Any = None
+
+    async def handler(self, socket: ServerConnection) -> None:
+        frame = json.loads(await socket.recv())
+        for event in self.before:
+            await socket.send(json.dumps({**event, "stream_id": frame.get("stream_id")}))
+        self.listener.close()
+        socket.transport.abort()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        async with serve(self.handler, "127.0.0.1", 0) as listener:
+            self.listener = listener
+            yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/v1"
+
+
+CREATED = {
+    "type": "response.created",
+    "sequence_number": 0,
+    "response": {"id": "resp_a", "object": "response", "created_at": 0, "model": MODEL, "status": "in_progress"},
+}
+QUICK = ws_transport.ReconnectPolicy(max_attempts=3, initial_delay_s=0.01)
+
+
+def failing_over(base_url: str, replica: str) -> AsyncOpenAI:
+    client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    return ws_transport.wrap(client, failover_base_urls=(replica,), reconnect=QUICK)
+
+
+async def test_a_stream_whose_replica_dies_before_its_first_event_fails_over_like_a_plain_turn(server):
+    async with DyingReplica(before=[]).running() as replica_a, failing_over(replica_a, server.base_url) as client:
+        stream = await client.responses.create(model=MODEL, input=[user("hi")], stream=True)
+        events = [event async for event in stream]
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        assert events[0].response.id == events[-1].response.id != "resp_a"
+        stats = ws_transport.session_of(client).stats
+        assert (stats.resends, stats.reconnects) == (1, 1)
+
+
+async def test_a_stream_whose_replica_dies_after_events_reached_the_caller_raises_then_fails_over(server):
+    async with (
+        DyingReplica(before=[CREATED]).running() as replica_a,
+        failing_over(replica_a, server.base_url) as client,
+    ):
+        stream = await client.responses.create(model=MODEL, input=[user("hi")], stream=True)
+        seen = []
+        with pytest.raises(openai.APIConnectionError):
+            async for event in stream:
+                seen.append(event.type)
+        assert seen == ["response.created"], "what reached the caller cannot be taken back: as a dropped HTTP stream"
+        follow = await client.responses.create(model=MODEL, input=[user("hi")])
+        assert follow.status == "completed", "the next turn opens its socket on the other replica"
+
+
+class RefuseUpgrade:
+    """Serves HTTP, answers every WebSocket upgrade 404: a replica behind a proxy without WebSocket support."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        denial = PlainTextResponse("no WebSocket here", status_code=404)
+        await WebSocket(scope, receive, send).send_denial_response(denial)
+
+
+@pytest.fixture
+def http_only_replica(tmp_path):
+    settings = Settings(drain_timeout_s=1.0, usage_path=str(tmp_path / "usage.db"))
+    app = create_app(settings)
+    app.add_middleware(RefuseUpgrade)
+    server = BackgroundServer(app, settings).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_http_fallback_goes_to_the_failover_replicas_too(http_only_replica, stream):
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    async with failing_over(dead, http_only_replica.base_url) as client:
+        for turn in range(2):
+            answer = await client.responses.create(model=MODEL, input=[user(f"turn {turn}")], stream=stream)
+            if stream:
+                answer = [event async for event in answer][-1].response
+            assert answer.status == "completed"
+        session = ws_transport.session_of(client)
+        assert session.http_only and session.stats.fallbacks == 2
+
+
+def test_the_sync_client_falls_back_to_the_failover_replicas_over_http_too(http_only_replica):
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    client = OpenAI(base_url=dead, api_key=API_KEY, max_retries=0)
+    failover = (http_only_replica.base_url,)
+    with ws_transport.wrap(client, failover_base_urls=failover, reconnect=QUICK) as wrapped:
+        assert wrapped.responses.create(model=MODEL, input=[user("hi")]).status == "completed"

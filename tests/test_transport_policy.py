@@ -347,3 +347,17 @@ def test_without_failover_urls_every_attempt_goes_to_the_session_url() -> None:
     replicas.set_primary("ws://a/responses")
     replicas.failed()
     assert replicas.current == "ws://a/responses"
+
+
+def test_over_http_a_turn_goes_where_the_sockets_go_now_then_to_the_other_replicas() -> None:
+    replicas = Replicas(["ws://b/v1/responses", "ws://c/v1/responses"], bases=["http://b/v1", "http://c/v1/"])
+    replicas.set_primary("ws://a/v1/responses")
+    own = "http://a/v1/chat/completions"
+    assert replicas.http_order(own, "/chat/completions") == [
+        own,
+        "http://b/v1/chat/completions",
+        "http://c/v1/chat/completions",
+    ]
+    replicas.failed()
+    assert replicas.http_order(own, "/responses") == ["http://b/v1/responses", "http://c/v1/responses", own]
+    assert Replicas().http_order(own, "/responses") == [own]

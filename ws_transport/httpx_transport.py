@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 
 from . import _http
 from .errors import TurnNotPrepared, UseHTTP
+from .headers import websocket_url
 from .options import SessionOptions
 from .portal import Portal, PortalStream
 from .replies import SSEStream, websocket_reply
@@ -112,6 +113,24 @@ class _Router(Generic[InnerT]):
         make = type(request)  # httpx2 or httpx, as the client that made it
         return make(request.method, request.url, headers=headers, content=body, extensions=request.extensions)
 
+    def _http_attempts(self, request: httpx2.Request, turn: TurnRequest | None) -> list[httpx2.Request]:
+        """The requests to try in turn until one connects: a turn for the session's server goes to the
+        replica the session uses now, then to the others (`failover_base_urls`); anything else goes
+        only where it was sent. Only a refused connection moves on: nothing reached a server then."""
+        sent = self._http_request(request, turn)
+        if not self.session.replicas.bases or not self._for_session(request):
+            return [sent]
+        endpoint = CHAT_PATH if request.url.path.endswith(CHAT_PATH) else "/responses"
+        own = str(request.url.copy_with(query=None))
+        return [_retarget(sent, url) for url in self.session.replicas.http_order(own, endpoint)]
+
+    def _for_session(self, request: httpx2.Request) -> bool:
+        """Whether `request` is a turn for the session's server (not a copy of the client with another base URL)."""
+        if request.method != "POST" or not _turn_path(request.url.path, request.headers.get(TICKET_HEADER)):
+            return False
+        endpoint = _responses_endpoint(request.url) or request.url
+        return self.session.url == (self.session.options.websocket_url or websocket_url(endpoint))
+
 
 CHAT_PATH = "/chat/completions"
 
@@ -126,6 +145,16 @@ def _responses_endpoint(url: httpx2.URL) -> httpx2.URL | None:
     if not url.path.endswith(CHAT_PATH):
         return None
     return url.copy_with(path=url.path[: -len(CHAT_PATH)] + "/responses")
+
+
+def _retarget(request: httpx2.Request, url: str) -> httpx2.Request:
+    """The same request to another URL (the query kept; `host` and `content-length` computed anew)."""
+    if url == str(request.url.copy_with(query=None)):
+        return request
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in ("host", "content-length")]
+    target = type(request.url)(url).copy_with(query=request.url.query or None)
+    make = type(request)
+    return make(request.method, target, headers=headers, content=request.read(), extensions=request.extensions)
 
 
 def parse_turn(session: Session, request: httpx2.Request) -> TurnRequest | None:
@@ -158,7 +187,13 @@ class AsyncWebSocketTransport(_Router[httpx2.AsyncBaseTransport], *_http.bases("
         if turn is not None and on_session:
             with contextlib.suppress(UseHTTP):
                 return await websocket_reply(self.session, request, turn)
-        return await self._inner_for(request).handle_async_request(self._http_request(request, turn))
+        attempts = self._http_attempts(request, turn)
+        for attempt in attempts[:-1]:
+            try:
+                return await self._inner_for(request).handle_async_request(attempt)
+            except _http.module_of(request).ConnectError:
+                self.session.replicas.failed()
+        return await self._inner_for(request).handle_async_request(attempts[-1])
 
     async def aclose(self) -> None:
         await self.session.aclose()
@@ -189,7 +224,13 @@ class WebSocketTransport(_Router[httpx2.BaseTransport], *_http.bases("BaseTransp
         if turn is not None and on_session:
             with contextlib.suppress(UseHTTP):
                 return _on_this_thread(self.portal.call(websocket_reply(self.session, request, turn)), self.portal)
-        return self._inner_for(request).handle_request(self._http_request(request, turn))
+        attempts = self._http_attempts(request, turn)
+        for attempt in attempts[:-1]:
+            try:
+                return self._inner_for(request).handle_request(attempt)
+            except _http.module_of(request).ConnectError:
+                self.session.replicas.failed()
+        return self._inner_for(request).handle_request(attempts[-1])
 
     def close(self) -> None:
         self._shutdown()

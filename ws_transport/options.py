@@ -50,7 +50,8 @@ class SessionOptions:
     """Other replicas, as base URLs like the client's (`http://host:8787/v1`). When a socket cannot
     be opened where the session dials now, the next attempt dials the next URL (round robin) and
     stays there. With replicas sharing a Redis store, stored conversations continue on any of them.
-    HTTP requests (and the HTTP fallback) still go to the client's own base URL."""
+    Turns sent over HTTP (the fallback) go to the same replica, and a refused connection moves them
+    on to the next; other HTTP requests still go to the client's own base URL."""
     lanes: bool = True
     """Multiplex concurrent turns on one socket with `stream_id` lanes; False: one turn per socket."""
     max_in_flight: int = 16

@@ -254,10 +254,23 @@ class Replicas:
 
     urls: list[str] = field(default_factory=list)
     index: int = 0
+    bases: list[str] = field(default_factory=list)
+    """The failover replicas' HTTP base URLs (`http://host:8787/v1`), in the order of `urls[1:]`."""
 
     @property
     def current(self) -> str:
         return self.urls[self.index]
+
+    def http_order(self, own: str, endpoint: str) -> list[str]:
+        """Where a turn goes over HTTP, in order: the replica the sockets use now first, then the rest in turn.
+
+        `own` is the request's own URL (the primary's); a failover replica gets `endpoint`
+        (`/responses`, `/chat/completions`) after its base URL. Call `failed()` after each that
+        could not be reached, so sockets and HTTP move on together.
+        """
+        targets = [own, *(base.rstrip("/") + endpoint for base in self.bases)]
+        start = self.index if len(self.urls) == len(targets) else 0
+        return targets[start:] + targets[:start]
 
     def set_primary(self, url: str) -> None:
         """The session's own URL (known from its first request), ahead of the failover ones."""

@@ -74,8 +74,9 @@ class Session:
         self.tickets: dict[str, TurnRequest] = {}
         self.url: str | None = None
         """The `/responses` WebSocket URL of the client's base URL: which requests ride the session."""
+        failover = self.options.failover_base_urls
         self.replicas = Replicas(
-            [websocket_url(httpx2.URL(base.rstrip("/") + "/responses")) for base in self.options.failover_base_urls]
+            [websocket_url(httpx2.URL(base.rstrip("/") + "/responses")) for base in failover], bases=list(failover)
         )
         """Where sockets are opened: the session's own URL first (set by `bind`), then the failover replicas."""
         self.user_agent: str | None = None
