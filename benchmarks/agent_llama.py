@@ -7,15 +7,31 @@ Odd turns force the `lookup` call (a named `tool_choice`, the way llama.cpp call
 reliably), even turns answer the tool's result in text. The same turns run over HTTP with the
 full history and over `responses.connect()` chained; the backend does the same work both ways
 (the shim sends it the whole conversation either way), so the difference is the API path.
+
+Each turn is reported as a distribution (p50, p99, max), not only as totals, and split by the
+shim's own per-response log line (the shim runs in this process): the time from the turn's
+start in the shim to its end (`in_shim_ms`: the backend's prompt processing and generation,
+plus the shim's stages), and the rest (`outside_ms`: the client, the wire, the loop hops), so a
+slow turn says where it was slow.
+
+llama.cpp runs `--llama-threads` threads (default 1). Its threads wait for each other at every
+step by spinning; with as many threads as cores and other work on those cores, one descheduled
+thread holds the rest, and single requests stall for seconds (measured on the 2-core machine
+with two CPU hogs: 2 threads, single requests up to 12-17 s; 1 thread, at most 1.4 s). That
+stall lands on whichever path happens to run then, so compare the paths with 1 thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import logging
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +39,13 @@ from openai import AsyncOpenAI
 
 from server_shim import BackgroundServer, Settings, create_app
 
-from .common import progress, summarize
+from .common import machine_info, progress, summarize
 from .report import fmt, format_table
 
 MODEL = "tiny-llama"
 PAYLOAD_BYTES = 200
+LLAMA_THREADS = 1
+SHIM_LOG = "responses_ws.responses"
 TOOL = {
     "type": "function",
     "name": "lookup",
@@ -101,7 +119,14 @@ async def websocket_loop(base_url: str, turns: int) -> dict[str, Any]:
     return {"total_s": total, "turn_s": times, "outputs": outputs}
 
 
-def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats: int | None = None) -> dict[str, Any]:
+def run(
+    out_dir: Path,
+    *,
+    quick: bool = False,
+    turns: int | None = None,
+    repeats: int | None = None,
+    llama_threads: int = LLAMA_THREADS,
+) -> dict[str, Any]:
     turns = turns or (4 if quick else 40)
     repeats = repeats or (1 if quick else 3)
     if importlib.util.find_spec("llama_cpp") is None:
@@ -109,30 +134,66 @@ def run(out_dir: Path, *, quick: bool = False, turns: int | None = None, repeats
     from .llama_server import LlamaServer
     from .tiny_model import write_tiny_model
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "tiny.gguf")
-        with LlamaServer(model, out_dir / "llama-server.log", alias=MODEL, n_ctx=16384) as llama:
+        log_path = out_dir / "llama-server.log"
+        with (
+            LlamaServer(model, log_path, alias=MODEL, n_ctx=16384, n_threads=llama_threads) as llama,
+            shim_response_log() as shim_log,
+        ):
             settings = Settings(backend=llama.base_url, default_model=MODEL, usage_ledger="off")
             with BackgroundServer(create_app(settings), settings) as shim:
                 runs: dict[str, list[dict[str, Any]]] = {"http": [], "websocket": []}
                 for repeat in range(repeats + 1):
                     for name, loop in (("http", http_loop), ("websocket", websocket_loop))[:: 1 if repeat % 2 else -1]:
                         progress(f"agent-llama: {'warm-up' if repeat == 0 else f'repeat {repeat}/{repeats}'}: {name}")
+                        shim_log.clear()
                         result = asyncio.run(loop(shim.base_url, turns))
+                        result["in_shim_ms"] = _in_shim_ms(shim_log, turns)
                         if repeat:
                             runs[name].append(result)
-    return analyse(runs, turns, llama.startup_s)
+    result = analyse(runs, turns, llama.startup_s)
+    result["config"]["llama_threads"] = llama_threads
+    result["machine"] = machine_info()
+    result["load_average_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
+    return result
+
+
+@contextlib.contextmanager
+def shim_response_log() -> Iterator[list[dict[str, Any]]]:
+    """The fields of the shim's INFO line per finished response (`server_shim/observe.py`), as they come."""
+    logger = logging.getLogger(SHIM_LOG)
+    lines: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(dict(getattr(record, "fields", {})))
+
+    handler = Collect()
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
+
+
+def _in_shim_ms(lines: list[dict[str, Any]], turns: int, wait_s: float = 2.0) -> list[float]:
+    """Each turn's time in the shim, in order; the last line may land just after the client got its answer."""
+    deadline = time.monotonic() + wait_s
+    while len(lines) < turns and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if len(lines) != turns:
+        raise RuntimeError(f"agent-llama: the shim logged {len(lines)} responses for {turns} turns")
+    return [float(line["duration_ms"]) for line in lines]
 
 
 def analyse(runs: dict[str, list[dict[str, Any]]], turns: int, startup_s: float | None) -> dict[str, Any]:
-    variants = {
-        name: {
-            "total_s": summarize(r["total_s"] for r in results),
-            "turn_ms": summarize(t * 1000 for r in results for t in r["turn_s"]),
-            "same_outputs_every_repeat": all(r["outputs"] == results[0]["outputs"] for r in results),
-        }
-        for name, results in runs.items()
-    }
+    variants = {name: _variant(results) for name, results in runs.items()}
     ratios = [ws["total_s"] / http["total_s"] for ws, http in zip(runs["websocket"], runs["http"], strict=True)]
     return {
         "suite": "agent-llama",
@@ -142,21 +203,57 @@ def analyse(runs: dict[str, list[dict[str, Any]]], turns: int, startup_s: float 
         "variants": variants,
         "same_outputs_http_websocket": runs["http"][0]["outputs"] == runs["websocket"][0]["outputs"],
         "ratio_websocket_http_total": {"median": statistics.median(ratios), "n": len(ratios)},
+        "notes": [
+            "turn_ms: the client's time per turn; in_shim_ms: the shim's time for that response, from its start in the "
+            "shim to its end (the llama.cpp server's work and the shim's stages); outside_ms = turn_ms - in_shim_ms "
+            "(the client, the wire, the hops between event loops), paired per turn",
+            "the order of the two paths alternates per repeat; repeat 0 is a warm-up and not counted",
+        ],
+    }
+
+
+def _variant(results: list[dict[str, Any]]) -> dict[str, Any]:
+    turn_ms = [t * 1000 for r in results for t in r["turn_s"]]
+    in_shim = [ms for r in results for ms in r["in_shim_ms"]]
+    return {
+        "total_s": summarize(r["total_s"] for r in results),
+        "turn_ms": summarize(turn_ms),
+        "in_shim_ms": summarize(in_shim),
+        "outside_ms": summarize(t - s for t, s in zip(turn_ms, in_shim, strict=True)),
+        "turns_over_1s": sum(t > 1000 for t in turn_ms),
+        "same_outputs_every_repeat": all(r["outputs"] == results[0]["outputs"] for r in results),
     }
 
 
 def table(result: dict[str, Any]) -> str:
     if result.get("status") != "ok":
         return f"agent-llama: {result.get('status')}: {result.get('reason')}"
-    rows = [["variant", "total s p50", "turn ms p50", "turn ms p90"]]
+    stats = ("p50", "p99", "max")
+    rows = [["variant", "total s p50", *(f"{part} {q}" for part in ("turn ms", "in shim", "outside") for q in stats)]]
+    rows[0].append("turns > 1 s")
     for name, v in result["variants"].items():
-        rows.append([name, fmt(v["total_s"]["median"], 3), fmt(v["turn_ms"]["median"]), fmt(v["turn_ms"]["p90"])])
+        turn, shim, outside = v["turn_ms"], v["in_shim_ms"], v["outside_ms"]
+        rows.append(
+            [
+                name,
+                fmt(v["total_s"]["median"], 3),
+                *(fmt(turn[k]) for k in ("median", "p99", "max")),
+                *(fmt(shim[k]) for k in ("median", "p99", "max")),
+                *(fmt(outside[k]) for k in ("median", "p99", "max")),
+                str(v["turns_over_1s"]),
+            ]
+        )
     ratio = result["ratio_websocket_http_total"]
     cfg = result["config"]
+    load = result.get("load_average_1m") or {}
     return "\n".join(
         [
-            f"agent-llama ({cfg['turns']}-turn tool loop against a real llama.cpp server, tiny generated model)",
+            f"agent-llama ({cfg['turns']}-turn tool loop against a real llama.cpp server, tiny generated model, "
+            f"{cfg.get('llama_threads', '?')} llama.cpp thread(s); load average {fmt(load.get('before'))} before, "
+            f"{fmt(load.get('after'))} after)",
             format_table(rows),
+            "  in shim: the shim's time per response (llama.cpp's work + the shim's stages); outside: turn - in shim "
+            "(client, wire, loop hops)",
             f"  ratio websocket / http end-to-end time: median {fmt(ratio['median'], 3)} "
             f"(faster by {fmt(100 * (1 - ratio['median']), 1)}%, n={ratio['n']}); "
             f"same outputs over both: {result['same_outputs_http_websocket']}",

@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="load: the concurrent client counts to run, e.g. 50,200 (default 50,200,500,1000)",
     )
     parser.add_argument(
+        "--llama-threads",
+        type=int,
+        help="agent-llama: llama.cpp threads (default 1; as many as the cores stalls under CPU contention)",
+    )
+    parser.add_argument(
         "--no-install",
         action="store_true",
         help="litellm: do not install LiteLLM into its own venv if it is missing (report it instead)",
@@ -123,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kwargs["turns"] = args.turns
         if name == "litellm":
             kwargs["install"] = not args.no_install
+        if name == "agent-llama" and args.llama_threads:
+            kwargs["llama_threads"] = args.llama_threads
         if name == "load" and args.clients:
             kwargs["clients"] = args.clients
         start = time.perf_counter()

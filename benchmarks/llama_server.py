@@ -40,7 +40,10 @@ class LlamaServer:
     log_path: Path
     alias: str = MODEL_ALIAS
     n_ctx: int = 2048
-    n_threads: int = 2
+    n_threads: int = 1
+    """llama.cpp's threads spin while they wait for each other: more threads than free cores stall a
+    request for seconds when other work takes a core (benchmarks/agent_llama.py); the tiny model
+    gains nothing from a second thread."""
     seed: int = 0
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None

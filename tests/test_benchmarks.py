@@ -130,9 +130,13 @@ def test_agent_llama_results_are_well_formed(quick_run: tuple[Path, subprocess.C
     assert result["status"] == "ok"
     for variant in result["variants"].values():
         assert _is_stats(variant["total_s"]) and _is_stats(variant["turn_ms"])
+        assert _is_stats(variant["in_shim_ms"]) and _is_stats(variant["outside_ms"])
+        assert variant["in_shim_ms"]["n"] == variant["turn_ms"]["n"], "one shim log line per turn"
+        assert 0 < variant["in_shim_ms"]["median"] < variant["turn_ms"]["max"]
         assert variant["same_outputs_every_repeat"] is True
     assert result["same_outputs_http_websocket"] is True
     assert result["ratio_websocket_http_total"]["median"] > 0
+    assert result["config"]["llama_threads"] == 1
 
 
 @pytest.mark.timeout(300)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx2
 import openai
@@ -154,6 +155,40 @@ async def test_finish_reason_length_ends_with_response_incomplete(sdk, chat_serv
             conn, model=CHAT_MODEL, input=[user("go on")], previous_response_id=turn.id, store=False
         )
         completed_ok(follow)
+
+
+async def test_every_turn_reuses_one_pooled_backend_connection(sdk, chat_server):
+    """The stream is read to its last byte after `[DONE]`, so HTTP/1.1 keeps the connection for the next turn."""
+    async with sdk.responses.connect() as conn:
+        previous = None
+        for n in range(3):
+            turn = await run_turn(
+                conn, model=CHAT_MODEL, input=[user(f"turn {n}")], previous_response_id=previous, store=False
+            )
+            completed_ok(turn)
+            previous = turn.id
+    for n in range(2):
+        await sdk.responses.create(model=CHAT_MODEL, input=f"http {n}", store=False)
+    peers = [received.peer for received in chat_server.received]
+    assert len(peers) == 5 and len(set(peers)) == 1, peers
+
+
+async def test_a_body_left_open_after_done_does_not_hold_the_turn(sdk, chat_server):
+    """Reading past `[DONE]` is bounded: the turn ends at once, the connection is dropped, the next turn connects anew."""
+    lingering = text_reply("slow", " end")
+    lingering.linger_s = 5.0
+    chat_server.enqueue(lingering)
+    async with sdk.responses.connect() as conn:
+        started = time.monotonic()
+        turn = await run_turn(conn, model=CHAT_MODEL, input=[user("hi")], store=False)
+        assert time.monotonic() - started < lingering.linger_s / 2
+        completed_ok(turn)
+        follow = await run_turn(
+            conn, model=CHAT_MODEL, input=[user("again")], previous_response_id=turn.id, store=False
+        )
+        completed_ok(follow)
+    first, second = (received.peer for received in chat_server.received)
+    assert first != second
 
 
 async def test_the_backend_gets_documented_chat_requests_and_the_history_grows_by_appending(sdk, chat_server, recorder):

@@ -20,6 +20,19 @@ TOOL = {
 }
 
 
+class RecordPeers:
+    """ASGI middleware: the client address of every `POST /v1/responses`, one address per TCP connection."""
+
+    def __init__(self, app: Any, peers: list[tuple[str, int]]) -> None:
+        self.app = app
+        self.peers = peers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/responses":
+            self.peers.append(tuple(scope["client"]))
+        await self.app(scope, receive, send)
+
+
 @pytest.fixture
 def shims() -> Iterator[tuple[BackgroundServer, BackgroundServer, list[dict[str, Any]]]]:
     """An upstream shim on the simulator, and a front shim that passes through to it."""
@@ -36,7 +49,10 @@ def shims() -> Iterator[tuple[BackgroundServer, BackgroundServer, list[dict[str,
         )
 
     upstream_settings = Settings()
-    with BackgroundServer(create_app(upstream_settings, validators=[record]), upstream_settings) as upstream:
+    upstream_app = create_app(upstream_settings, validators=[record])
+    upstream_app.state.peers = []
+    upstream_app.add_middleware(RecordPeers, peers=upstream_app.state.peers)
+    with BackgroundServer(upstream_app, upstream_settings) as upstream:
         cfg = ShimConfig.model_validate(
             {
                 "deployments": [
@@ -77,6 +93,22 @@ async def test_text_function_call_and_chained_turns_pass_through(shims):
     assert [len(turn["items"]) for turn in seen] == [1, 3]
     assert all(turn["previous"] is None and turn["store"] is False for turn in seen)
     assert seen[1]["items"][1]["type"] == "function_call"
+
+
+async def test_every_turn_reuses_one_pooled_upstream_connection(shims):
+    """The upstream's stream is read to its last byte after `response.completed`, so the connection is kept."""
+    front, upstream, _ = shims
+    async with AsyncOpenAI(base_url=front.base_url, api_key="x") as client, client.responses.connect() as conn:
+        previous = None
+        for n in range(3):
+            await conn.response.create(model="m", input=f"turn {n}", previous_response_id=previous, store=False)
+            async for event in conn:
+                if event.type in ("response.completed", "error"):
+                    assert event.type == "response.completed", event
+                    previous = event.response.id
+                    break
+    peers = upstream.app.state.peers
+    assert len(peers) == 3 and len(set(peers)) == 1, peers
 
 
 async def test_upstream_down_is_a_backend_error_and_the_connection_survives(shims):

@@ -36,7 +36,7 @@ from ..config import Quirks
 from ..errors import BackendError
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
 from .chat_convert import ChatPrompt, chat_body, chat_prompt, chat_tools_and_choice
-from .pooled import PooledHTTPBackend, unreached
+from .pooled import PooledHTTPBackend, drain, unreached
 from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
                     self.rate_limit.update(response.headers)
                     if response.status_code == 200:
                         async for delta in _parse_stream(bounded_lines(response.aiter_bytes()), input_estimate):
+                            if isinstance(delta, Usage):  # the stream's end: after it come only its last bytes
+                                await drain(response)
                             yield delta
                         return
                     error = await self._status_error(response)
@@ -111,7 +113,10 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
 
 
 async def _parse_stream(lines: AsyncIterator[str], input_estimate: int) -> AsyncGenerator[Delta, None]:
-    """Turn SSE chunk lines into deltas; count tokens ourselves when the backend sends no usage."""
+    """Turn SSE chunk lines into deltas; count tokens ourselves when the backend sends no usage.
+
+    `Usage` comes once, after the stream's end (`[DONE]` or the last line), then `Finish`.
+    """
     finish: str | None = None
     usage: Usage | None = None
     pieces = output_chars = 0

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import cast
+
 import httpx2
 
 from ..errors import BackendError, without_credentials
@@ -62,6 +67,26 @@ class PooledHTTPBackend:
             retry_after_s=self.rate_limit.retry_after(response.headers) if status == 429 else None,
             detail=error_message(body),
         )
+
+
+DRAIN_TIMEOUT_S = 0.1
+"""How long a finished stream's remaining bytes may take to arrive (the `openai` SDK waits as long)."""
+
+
+async def drain(response: httpx2.Response, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    """Read what is left of a stream after its end marker, so HTTP/1.1 can reuse its connection.
+
+    A stream is parsed up to `[DONE]` or `response.completed`, but the body ends only with the last
+    chunk after it; closed before that, httpx drops the connection, and the next turn connects
+    again (20 turns to llama-cpp-python's server made 19 connections). Bounded, so a server that
+    keeps the body open after its end marker cannot hold the turn: then the connection is dropped.
+    """
+    if response.is_closed:
+        return
+    with contextlib.suppress(httpx2.HTTPError, TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            async for _ in cast(AsyncIterator[bytes], response.stream):
+                pass
 
 
 def error_message(body: str) -> str | None:

@@ -32,7 +32,7 @@ from websockets.asyncio.client import ClientConnection
 
 from ..errors import BackendError, without_credentials
 from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, loads
-from .pooled import PooledHTTPBackend, unreached
+from .pooled import PooledHTTPBackend, drain, unreached
 from .sse import bounded_lines
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                     for delta in reader.feed(loads(line)):
                         yield delta
                     if reader.done:
+                        await drain(response)
                         return
                 raise BackendError("upstream stream ended before the response finished")
         except httpx2.HTTPError as exc:

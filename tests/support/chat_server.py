@@ -115,6 +115,8 @@ class Reply:
     """For `cut`, `abort` and `malformed`: how many chunks go out before the stream goes wrong."""
     retry_after: str = "1"
     """For `http_429`: the `retry-after` header (seconds)."""
+    linger_s: float = 0.0
+    """How long the body stays open after `data: [DONE]` (a server slow to end its chunked body)."""
 
     def chunks(self, include_usage: bool) -> list[dict[str, Any]]:
         out = [chunk({"role": "assistant", "content": ""}, usage=include_usage)]
@@ -168,6 +170,8 @@ class Received:
     body: dict[str, Any]
     headers: dict[str, str]
     raw: bytes
+    peer: tuple[str, int] | None = None
+    """The client's address: one per TCP connection, so a test can tell a reused connection from a new one."""
 
 
 class ChatServer:
@@ -233,7 +237,8 @@ class ChatServer:
     async def _completions(self, request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw)
-        self.received.append(Received(body, dict(request.headers), raw))
+        peer = (request.client.host, request.client.port) if request.client else None
+        self.received.append(Received(body, dict(request.headers), raw, peer))
         reply = self._next_reply()
         if reply.fault == "http_500":
             return JSONResponse(_error("The server had an error while processing your request.", "server_error"), 500)
@@ -261,6 +266,8 @@ class ChatServer:
                 return
             yield b"data: " + json.dumps(item).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
+        if reply.linger_s:
+            await asyncio.sleep(reply.linger_s)
 
 
 def _error(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
