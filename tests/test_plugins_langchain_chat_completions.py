@@ -59,6 +59,19 @@ async def test_a_streamed_async_agent_chains_too(server: BackgroundServer, chain
     chain_report("LangChain ChatOpenAI (chat completions, astream)", "langchain-openai", stats)
 
 
+def test_another_model_on_the_same_base_url_stays_on_http(server: BackgroundServer) -> None:
+    """langchain-openai shares one cached httpx client between models with the same base URL: wrapping
+    it in place switched every such model to WebSocket (a benchmark's HTTP baseline rode the socket)."""
+    chat = model(server)
+    plain = ChatOpenAI(model=MODEL, base_url=server.base_url, api_key=API_KEY)
+    plain.invoke("hello")
+    chat.invoke("hello")
+    with pytest.raises(ValueError, match="not wrapped"):
+        ws_transport.session_of(plain.root_client)
+    assert ws_transport.session_of(chat.root_client).stats.turns == 1
+    assert server.shim.stats.websocket_connections == 1
+
+
 def test_something_else_than_a_chat_openai_is_refused() -> None:
     with pytest.raises(TypeError, match="root_client"):
         websocket_chat_completions(object())
