@@ -26,6 +26,7 @@ SUITES = (
     "floor",
     "client",
     "memory",
+    "frameworks",
 )
 
 
@@ -70,6 +71,10 @@ def _suite(name: str) -> tuple[Callable[..., dict[str, Any]], Callable[[dict[str
         from . import memory
 
         return memory.run, memory.table
+    if name == "frameworks":
+        from . import frameworks
+
+        return frameworks.run, frameworks.table
     if name == "litellm":
         from . import peer_litellm
 
@@ -124,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"quick": args.quick}
         if args.repeats:
             kwargs["repeats"] = args.repeats
-        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm", "load", "memory"):
+        if args.turns and name in ("overhead", "agent", "agent-llama", "litellm", "load", "memory", "frameworks"):
             kwargs["turns"] = args.turns
         if name == "litellm":
             kwargs["install"] = not args.no_install

@@ -144,6 +144,7 @@ BENCH_SUITES = (
     "floor",
     "client",
     "memory",
+    "frameworks",
 )
 """The suites of `python -m benchmarks` (its own list; tests/test_benchmarks.py keeps the two the same)."""
 

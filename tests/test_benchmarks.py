@@ -295,3 +295,29 @@ def test_memory_suite_reports_each_held_conversation_by_tracemalloc_rss_and_what
         assert held["states"] == 2 * result["config"]["turns"]
         assert run["child_process"]["rss_after_bytes"] > 0
     assert "held by" in (tmp_path / "summary.txt").read_text()
+
+
+@pytest.mark.timeout(150)
+def test_frameworks_suite_runs_each_frameworks_agent_over_http_and_websocket(tmp_path: Path) -> None:
+    bench_quick(["frameworks"], tmp_path, timeout=140)
+    result = _strict_json(tmp_path / "frameworks.json")
+    turns = result["config"]["turns"]
+    assert set(result["frameworks"]) == {
+        "langchain-responses",
+        "langchain-chat",
+        "autogen",
+        "pydantic-ai-chat",
+        "pydantic-ai-responses",
+        "smolagents",
+    }
+    for name, row in result["frameworks"].items():
+        http, websocket = row["http"], row["websocket"]
+        assert http["turns"] == websocket["turns"] == turns, name
+        assert http["turns_chained"]["median"] == 0 and websocket["turns_chained"]["median"] == turns - 1, name
+        assert websocket["bytes_sent"]["median"] < http["bytes_sent"]["median"], name
+        for figures in (http, websocket):
+            assert figures["server_s"]["median"] > 0 and figures["client_s"]["median"] > 0, name
+            assert figures["client_s"]["median"] + figures["server_s"]["median"] == pytest.approx(
+                figures["total_s"]["median"], rel=0.01
+            )
+            assert _is_stats(figures["turn_ms"]) and figures["turn_ms"]["n"] == turns * result["config"]["repeats"]
