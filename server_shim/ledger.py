@@ -47,6 +47,10 @@ class UsageRecord:
     output_tokens: int
     ttft_ms: float | None
     duration_ms: float
+    estimated: bool = False
+    """The token counts are estimates, not the backend's report or the configured tokenizer's count:
+    a response cut short (`cancelled`: one output token per streamed delta), a backend that sent no
+    usage (the simulator always), or output tokens a chat backend left uncounted."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UsageRecord:

@@ -10,7 +10,7 @@ import operator
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class SqliteSink:
         self._db.execute("PRAGMA synchronous=NORMAL")
         columns = ", ".join(f"{name} {'TEXT PRIMARY KEY' if name == 'id' else ''}" for name in COLUMNS)
         self._db.execute(f"CREATE TABLE IF NOT EXISTS usage ({columns})")
+        if "estimated" not in {row[1] for row in self._db.execute("PRAGMA table_info(usage)")}:
+            self._db.execute("ALTER TABLE usage ADD COLUMN estimated DEFAULT 0")  # a file from before the column
         self._db.execute("CREATE INDEX IF NOT EXISTS usage_created ON usage (created_at)")
         self._db.commit()
 
@@ -72,7 +74,8 @@ class SqliteSink:
         with self._lock:
             rows = self._db.execute(query + " ORDER BY created_at", args).fetchall()
         for row in rows:
-            yield UsageRecord(*row)
+            record = UsageRecord(*row)
+            yield replace(record, estimated=bool(record.estimated))  # SQLite keeps a boolean as 0 or 1
 
     def close(self) -> None:
         with self._lock:

@@ -38,6 +38,8 @@ class TurnInfo:
     ttft_s: float | None
     """Seconds from the start of the turn to the backend's first delta; None when there was none."""
     duration_s: float
+    tokens_estimated: bool = False
+    """The response's token counts are estimates (see `ledger.UsageRecord.estimated`), not counted."""
 
 
 Sink = Callable[[dict[str, Any], TurnInfo], Awaitable[None] | None]
@@ -143,4 +145,5 @@ def usage_record(response: dict[str, Any], info: TurnInfo) -> UsageRecord:
         output_tokens=usage.get("output_tokens") or 0,
         ttft_ms=None if info.ttft_s is None else round(info.ttft_s * 1000, 3),
         duration_ms=round(info.duration_s * 1000, 3),
+        estimated=info.tokens_estimated,
     )

@@ -160,7 +160,9 @@ def account(usage: Usage | None, counted: Counted | None) -> Usage | None:
     if usage is None or counted is None:
         return usage
     if usage.estimated:
-        return replace(usage, input_tokens=counted.input_tokens, cached_tokens=counted.cached_tokens, estimated=False)
+        return replace(
+            usage, input_tokens=counted.input_tokens, cached_tokens=counted.cached_tokens
+        )  # output still estimated
     if usage.cached_tokens == 0:
         return replace(usage, cached_tokens=min(counted.cached_tokens, usage.input_tokens))
     return usage

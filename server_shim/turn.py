@@ -264,12 +264,13 @@ class Turn:
         for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
             yield event
         stages.restart()
+        usage = account(assembler.usage, counted)
         final = response_object(
             response_id,
             request,
             status="incomplete" if incomplete else "completed",
             output=assembler.output,
-            usage=account(assembler.usage, counted),
+            usage=usage,
             incomplete_reason=reason,
             created_at=created_at,
             labels=plan.labels,
@@ -278,7 +279,7 @@ class Turn:
         await self._finalize(final, plan)
         self.result.response = final
         stages.mark("finalize")
-        self.env.post_inference.submit(final, self._info())  # before the client has it: usage is never lost
+        self.env.post_inference.submit(final, self._info(usage))  # before the client has it: usage is never lost
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
 
     def _abandoned(self, plan: TurnPlan) -> None:
@@ -305,18 +306,18 @@ class Turn:
             created_at=self._created_at,
         )
         self.result.response = cancelled
-        self.env.post_inference.submit(cancelled, self._info())
+        self.env.post_inference.submit(cancelled, self._info(usage))
 
-    def _info(self) -> TurnInfo:
-        """Who and where, and how long: what post-inference sinks and the usage ledger record."""
-        now = time.monotonic()
+    def _info(self, usage: Usage | None) -> TurnInfo:
+        """Who and where, how long, and whether `usage` is estimated: what sinks and the usage ledger record."""
         return TurnInfo(
             transport=self.transport,
             tenant=self.tenant,
             connection_id=self.connection_id,
             deployment=self._deployment,
             ttft_s=None if self._first_token is None else self._first_token - self._started,
-            duration_s=now - self._started,
+            duration_s=time.monotonic() - self._started,
+            tokens_estimated=usage is not None and usage.estimated,
         )
 
     async def _served_models(self) -> list[str]:
@@ -368,7 +369,7 @@ class Turn:
         self.result.error = error
         events.append(self.seq("response.failed", response=failed))
         events.append(self.seq("error", status=error.status, error=error.body()))
-        self.env.post_inference.submit(failed, self._info())
+        self.env.post_inference.submit(failed, self._info(assembler.usage))
         return events
 
     async def _finalize(self, response: dict, plan: TurnPlan) -> None:

@@ -32,16 +32,20 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 
 def totals(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
-    """One row per (tenant, model): response count, failed count, token sums, mean time to first token."""
+    """One row per (tenant, model): response count, failed count, how many of them have estimated token
+    counts (`UsageRecord.estimated`), token sums, mean time to first token."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     ttfts: dict[tuple[str, str], list[float]] = {}
     for record in records:
         key = (record.tenant or "-", record.model)
         row = rows.setdefault(
-            key, {"tenant": key[0], "model": key[1], "responses": 0, "failed": 0, **dict.fromkeys(SUM_FIELDS, 0)}
+            key,
+            {"tenant": key[0], "model": key[1], "responses": 0, "failed": 0, "estimated": 0}
+            | dict.fromkeys(SUM_FIELDS, 0),
         )
         row["responses"] += 1
         row["failed"] += record.status == "failed"
+        row["estimated"] += record.estimated
         for name in SUM_FIELDS:
             row[name] += getattr(record, name)
         if record.ttft_ms is not None:
@@ -55,7 +59,7 @@ def totals(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
         return orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode()
-    names = ["tenant", "model", "responses", "failed", *SUM_FIELDS, "mean_ttft_ms"]
+    names = ["tenant", "model", "responses", "failed", "estimated", *SUM_FIELDS, "mean_ttft_ms"]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=names, lineterminator="\n")

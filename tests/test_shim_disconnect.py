@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from plugins import create_plugin_manager, hookimpl
 from server_shim import BackgroundServer, Settings, create_app, metrics
+from server_shim.ledger_sinks import SqliteSink
 
 TOKENS = 2000
 LANES = ("a", "b", "c")
@@ -115,6 +116,20 @@ async def test_an_aborted_connection_stops_the_turn_quietly_and_meters_it(metere
         ws.transport.abort()
     await assert_each_cancelled(recorder, ids)
     assert_quiet(caplog, errors)
+
+
+async def test_a_cancelled_response_is_in_the_usage_ledger_marked_as_estimated(metered, tmp_path):
+    server, recorder = metered
+    async with ws_connect(ws_url(server)) as ws:
+        ids = await started(ws)
+        ws.transport.abort()
+    await assert_each_cancelled(recorder, ids)
+    for _ in range(200):  # written in the background every usage_flush_interval_s
+        records = {r.id: r for r in SqliteSink(tmp_path / "usage.db").read()}
+        if set(ids) <= set(records):
+            break
+        await asyncio.sleep(0.02)
+    assert all(records[i].status == "cancelled" and records[i].estimated for i in ids)
 
 
 async def test_a_client_close_mid_response_is_answered_at_once_and_the_turn_is_metered(metered, caplog):

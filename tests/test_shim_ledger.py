@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from support.chat_server import MODEL as CHAT_MODEL
 from support.chat_server import closed_port
 from support.serve import SCRIPT, wait_healthy
 from support.wire import MODEL, TurnEvents, completed_ok, run_turn, user
@@ -133,6 +134,38 @@ def test_totals_group_by_tenant_and_model_in_every_format():
     assert render(rows, "table").splitlines()[1].split()[:3] == ["alice", MODEL, "2"]
 
 
+def test_totals_count_the_responses_whose_tokens_are_estimates():
+    rows = totals([record("a"), record("b", estimated=True), record("c", status="cancelled", estimated=True)])
+    assert [(r["responses"], r["estimated"]) for r in rows] == [(3, 2)]
+    assert "estimated" in render(rows, "csv").splitlines()[0].split(",")
+
+
+def test_a_ledger_file_from_before_the_estimated_column_gains_it(tmp_path):
+    old_columns = [name for name in asdict(record("x")) if name != "estimated"]
+    with sqlite3.connect(tmp_path / "usage.db") as db:
+        db.execute(f"CREATE TABLE usage ({', '.join(old_columns)})")
+        db.execute(
+            f"INSERT INTO usage VALUES ({', '.join('?' for _ in old_columns)})",
+            [asdict(record("resp_old"))[name] for name in old_columns],
+        )
+    sink = SqliteSink(tmp_path / "usage.db")
+    sink.write([record("resp_new", estimated=True)])
+    assert {r.id: r.estimated for r in sink.read()} == {"resp_old": False, "resp_new": True}
+    sink.close()
+
+
+async def test_a_backend_that_reports_usage_is_recorded_as_counted(make_server, chat_server, tmp_path):
+    usage_path = tmp_path / "counted.db"
+    shim = make_server(backend=chat_server.base_url, usage_path=str(usage_path))
+    async with AsyncOpenAI(base_url=shim.base_url, api_key="k", max_retries=0) as sdk:
+        answered = await sdk.responses.create(model=CHAT_MODEL, input="hello")
+    for _ in range(200):
+        if recorded := {r.id: r for r in SqliteSink(usage_path).read()}:
+            break
+        await asyncio.sleep(0.02)
+    assert recorded[answered.id].estimated is False and recorded[answered.id].output_tokens > 0
+
+
 def test_since_takes_relative_and_iso_times():
     assert parse_since("90m", now=10_000.0) == 10_000.0 - 5400
     assert parse_since("2d", now=200_000.0) == 200_000.0 - 172_800
@@ -178,6 +211,7 @@ async def test_each_response_is_recorded_with_tenant_transport_deployment_and_ti
     assert (ws_record.tenant, ws_record.transport, ws_record.deployment) == ("alice", "websocket", "simulated")
     assert ws_record.connection_id.startswith("conn_") and http_record.connection_id is None
     assert http_record.transport == "http" and http_record.output_tokens > 0
+    assert ws_record.estimated and http_record.estimated, "the simulator's token counts are estimates"
     assert 0 <= ws_record.ttft_ms <= ws_record.duration_ms
     infos = dict(recorder.calls)
     assert infos[over_ws.id].tenant == "alice" and infos[over_ws.id].connection_id == ws_record.connection_id
