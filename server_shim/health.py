@@ -6,7 +6,7 @@ passes from the clock it was given, so tests drive the breaker by advancing a nu
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from dataclasses import dataclass, field
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -60,16 +60,31 @@ class Health:
 
 @dataclass
 class TokenWindow:
-    """Tokens used in the last `window_s` seconds, for a deployment's `tokens_per_minute`."""
+    """Tokens used in the last `window_s` seconds, for a deployment's `tokens_per_minute`.
+
+    Counted in one-second buckets, so the window holds a fixed handful of numbers however many
+    turns pass: an entry per turn grew without bound where nothing read the total, and entries
+    made during a burst of clients outlived it, pinning allocator pages the burst freed.
+    """
 
     window_s: float = 60.0
-    _entries: deque[tuple[float, int]] = field(default_factory=deque)
+    _seconds: list[int] = field(default_factory=list)
+    _counts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        size = max(1, math.ceil(self.window_s))
+        self._seconds = [-1] * size
+        self._counts = [0] * size
 
     def record(self, tokens: int, now: float) -> None:
-        self._entries.append((now, tokens))
+        second = math.floor(now)
+        slot = second % len(self._seconds)
+        if self._seconds[slot] != second:
+            self._seconds[slot] = second
+            self._counts[slot] = 0
+        self._counts[slot] += tokens
 
     def total(self, now: float) -> int:
-        cutoff = now - self.window_s
-        while self._entries and self._entries[0][0] < cutoff:
-            self._entries.popleft()
-        return sum(n for _, n in self._entries)
+        """Tokens recorded in the `window_s` whole seconds ending with the current one."""
+        oldest = math.floor(now) - len(self._seconds) + 1
+        return sum(count for second, count in zip(self._seconds, self._counts, strict=True) if second >= oldest)

@@ -33,6 +33,17 @@ from .settings import Settings
 from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
 
 FORCE_CLOSE_GRACE_S = 5.0
+
+
+def _gone(code: int, reason: str) -> None:
+    """The force-close extension of a connection already lost: nothing left to close."""
+
+
+def _writable_when_gone() -> bool:
+    """A lost connection never blocks a send (its sends fail at once instead)."""
+    return True
+
+
 CORK_MAX_BYTES = 64 * 1024
 """Frames held for one loop iteration are written at once past this size (the writer's backpressure bound)."""
 _HEADER_16 = struct.Struct("!BBH")
@@ -160,6 +171,19 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
                 "writable": self.writable.is_set,
                 "send_text": self.send_text_now,
             }
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Also unhook the force-close extension from this protocol once the socket is gone.
+
+        The scope's extension points back at the protocol, so a closed connection's objects (protocol,
+        transport, queues, buffers) formed a reference cycle that waited for a full collection,
+        which the raised GC thresholds make rare: after a burst of clients they stayed, and pinned
+        allocator memory. Without the cycle, reference counting frees them as the app finishes.
+        """
+        super().connection_lost(exc)
+        extension = getattr(self, "scope", {}).get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
+        if extension is not None:
+            extension.update(close=_gone, writable=_writable_when_gone)
 
     def force_close(self, code: int, reason: str) -> None:
         """Close without waiting for the peer to read, which it may never do (a slow or stuck client).

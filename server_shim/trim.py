@@ -1,9 +1,12 @@
 """Give freed heap memory back to the operating system after connections close.
 
-CPython frees a closed connection's objects, but glibc keeps the freed pages in the process
-(RSS stays at its peak after a burst of clients). `malloc_trim(0)` returns them; it costs a
-few milliseconds, so it runs in a worker thread, once per burst of closes. A no-op
-where the C library has no `malloc_trim` (musl, macOS).
+Once per burst of closes (`delay_s` after the first): a full garbage collection, then
+`malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
+thresholds (`server.GC_THRESHOLDS`), so a full collection otherwise comes only after millions of
+allocations: whatever a closed connection left in reference cycles (asyncio's transports are
+one) would wait for it. It walks only objects made since start-up (the start-up heap is frozen),
+a few milliseconds after a burst. The trim returns free pages of the C heap (glibc keeps them
+otherwise); a no-op where the C library has no `malloc_trim` (musl, macOS).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,20 +28,44 @@ def _libc_trim() -> Callable[[int], int] | None:
         return None
 
 
+GC_SHARE = 0.01
+"""At most this share of the process's time goes to the after-burst collections: one that took
+20 ms waits at least 2 s before the next, so a server with many cached objects and steady
+connection churn is not collecting all the time."""
+
+
+def trim_wait(delay_s: float, now: float, next_allowed: float) -> float:
+    """Seconds from a close (with no trim pending) to the trim it schedules."""
+    return max(delay_s, next_allowed - now)
+
+
+def next_allowed(now: float, took_s: float, share: float = GC_SHARE) -> float:
+    """When the next trim may run, after one that ended at `now` and took `took_s`."""
+    return now + took_s / share
+
+
 @dataclass
 class Trimmer:
-    """Coalesces the closes of a burst: one trim `delay_s` after the first close of the burst."""
+    """Coalesces the closes of a burst: one trim `delay_s` after the first close of the burst, or later
+    where an earlier one would put the collections over `GC_SHARE` of the time."""
 
     delay_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
     _pending: asyncio.TimerHandle | None = None
+    _next_allowed: float = 0.0
 
     def maybe_trim(self) -> None:
-        if _TRIM is None or self._pending is not None:
+        if self._pending is not None:
             return
-        self._pending = asyncio.get_running_loop().call_later(self.delay_s, self._start)
+        wait = trim_wait(self.delay_s, self.clock(), self._next_allowed)
+        self._pending = asyncio.get_running_loop().call_later(wait, self._start)
 
     def _start(self) -> None:
         self._pending = None
+        began = self.clock()
+        gc.collect()
+        ended = self.clock()
+        self._next_allowed = next_allowed(ended, ended - began)
         if _TRIM is not None:
             asyncio.get_running_loop().create_task(asyncio.to_thread(_TRIM, 0))
 

@@ -1,0 +1,90 @@
+"""Memory given back after clients leave: no per-connection reference cycles, bounded token window, the trimmer.
+
+The load suite (`python -m benchmarks load`) measures RSS; these check the causes it found, each on its own:
+a closed connection's objects waited for a full collection (a cycle through the scope), the router's
+token window kept an entry per turn forever, and nothing ran that full collection after a burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from support.wire import MODEL, ws_url
+from websockets.asyncio.client import connect as ws_connect
+
+from server_shim.health import TokenWindow
+from server_shim.server import ShimWebSocketProtocol
+from server_shim.trim import GC_SHARE, Trimmer, next_allowed, trim_wait
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """Only reference counting frees objects meanwhile (an explicit `gc.collect()` still runs)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+async def _until(condition, timeout_s: float = 5.0) -> bool:
+    """Poll `condition` on the loop until it holds or `timeout_s` passes; returns the last value."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+    return True
+
+
+async def test_a_closed_connection_is_freed_by_reference_counting_without_waiting_for_the_collector(make_server):
+    server = make_server()
+    server.shim.trimmer.delay_s = 3600.0  # its collection would free the cycle too; this is about not needing it
+    with collector_off():
+        async with ws_connect(ws_url(server)) as ws:
+            (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
+            gone = weakref.ref(protocol)
+            del protocol
+            await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
+            while json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] != "response.completed":
+                pass
+        assert await _until(lambda: gone() is None)
+
+
+async def test_the_trimmer_collects_cycles_left_behind_after_a_burst_of_closes():
+    class Node:
+        other: object = None
+
+    with collector_off():
+        node = Node()
+        node.other = node  # a cycle: only a collection frees it
+        freed = weakref.ref(node)
+        del node
+        trimmer = Trimmer(delay_s=0.01)
+        trimmer.maybe_trim()
+        trimmer.maybe_trim()  # coalesced with the first
+        assert await _until(lambda: freed() is None)
+
+
+def test_trims_wait_for_the_burst_and_keep_collections_to_a_small_share_of_the_time():
+    assert trim_wait(1.0, now=100.0, next_allowed=0.0) == 1.0  # first burst: one delay after the first close
+    took = 0.05
+    allowed = next_allowed(now=100.0, took_s=took)
+    assert allowed == pytest.approx(100.0 + took / GC_SHARE)  # a 50 ms collection: the next one 5 s later at the soonest
+    assert trim_wait(1.0, now=101.0, next_allowed=allowed) == pytest.approx(4.0)
+    assert trim_wait(1.0, now=106.0, next_allowed=allowed) == 1.0
+
+
+def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pass():
+    window = TokenWindow()
+    for n in range(100_000):
+        window.record(3, now=n * 0.01)  # 1,000 s of turns, 100 a second
+    assert len(window._counts) == 60
+    assert window.total(now=999.99) == 60 * 100 * 3
+    assert window.total(now=2_000.0) == 0
