@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import socket
@@ -30,18 +29,23 @@ from .config import ShimConfig
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
+from .trim import freeze_startup_heap
 from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
 
 FORCE_CLOSE_GRACE_S = 5.0
 
 
-def _gone(code: int, reason: str) -> None:
-    """The force-close extension of a connection already lost: nothing left to close."""
+def _send_when_gone(data: bytes) -> None:
+    raise ClientDisconnected()
 
 
-def _writable_when_gone() -> bool:
-    """A lost connection never blocks a send (its sends fail at once instead)."""
-    return True
+GONE_EXTENSION: dict[str, Any] = {
+    "close": lambda code, reason: None,
+    "writable": lambda: True,
+    "send_text": _send_when_gone,
+}
+"""The force-close extension of a lost connection: the same answers (nothing to close, sends fail at
+once), without a reference back to the protocol."""
 
 
 CORK_MAX_BYTES = 64 * 1024
@@ -183,7 +187,8 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         extension = getattr(self, "scope", {}).get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
         if extension is not None:
-            extension.update(close=_gone, writable=_writable_when_gone)
+            extension.clear()
+            extension.update(GONE_EXTENSION)
 
     def force_close(self, code: int, reason: str) -> None:
         """Close without waiting for the peer to read, which it may never do (a slow or stuck client).
@@ -281,21 +286,6 @@ def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
         asyncio.run(server.serve(sockets=[sock]))
     return 0
-
-
-GC_THRESHOLDS = (10_000, 20, 20)
-"""Young-generation collections every 10,000 allocations instead of 700: a turn allocates thousands of
-short-lived containers, and the connection caches hold long-lived ones that each collection would walk."""
-
-
-def freeze_startup_heap() -> None:
-    """Move everything built at start-up (modules, models, the app) out of the collector's sight.
-
-    Called once the app exists, before serving: the cyclic GC then walks only what requests created.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -76,7 +76,9 @@ def test_trims_wait_for_the_burst_and_keep_collections_to_a_small_share_of_the_t
     assert trim_wait(1.0, now=100.0, next_allowed=0.0) == 1.0  # first burst: one delay after the first close
     took = 0.05
     allowed = next_allowed(now=100.0, took_s=took)
-    assert allowed == pytest.approx(100.0 + took / GC_SHARE)  # a 50 ms collection: the next one 5 s later at the soonest
+    assert allowed == pytest.approx(
+        100.0 + took / GC_SHARE
+    )  # a 50 ms collection: the next one 5 s later at the soonest
     assert trim_wait(1.0, now=101.0, next_allowed=allowed) == pytest.approx(4.0)
     assert trim_wait(1.0, now=106.0, next_allowed=allowed) == 1.0
 

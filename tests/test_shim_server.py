@@ -129,7 +129,7 @@ async def test_events_of_every_frame_length_arrive_whole_through_the_fast_path(m
 def test_the_startup_heap_is_frozen_out_of_the_collectors_sight_with_the_long_lived_thresholds():
     import gc
 
-    from server_shim.server import GC_THRESHOLDS, freeze_startup_heap
+    from server_shim.trim import GC_THRESHOLDS, freeze_startup_heap
 
     before = gc.get_threshold()
     try:
