@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx2
+import orjson
 from openai import AsyncOpenAI
 
 from server_shim.backends import BackendRequest, TextDelta
 from server_shim.history import History
 
 from .common import Recorder, bounded, probe_websocket
+from .raw_http import without_none
 from .turns import MODEL, OUTPUT_TOKENS, as_input, assistant_message, expected_backend_messages, user_message
 
 TURN_TIMEOUT_S = 60.0
+RAW_HEADERS = {"authorization": "Bearer bench", "content-type": "application/json"}
 
 
 def row(recorder: Recorder, turn: int) -> dict[str, Any]:
@@ -111,6 +115,45 @@ async def http_responses(
         previous = response.id
         history += as_input(response.output)
     return rows
+
+
+async def http_raw(
+    client: httpx2.AsyncClient, url: str, recorder: Recorder, turns: int, *, model: str = MODEL
+) -> list[dict[str, Any]]:
+    """Stateless streaming HTTP without the SDK (`benchmarks/raw_http.py`): each item of the history is
+    encoded once, each body is those bytes joined, and of the SSE stream only the terminal event is decoded."""
+    rows = []
+    options = {"model": model, "store": False, "stream": True, "max_output_tokens": OUTPUT_TOKENS}
+    head = orjson.dumps(options)[:-1] + b',"input":['
+    encoded: list[bytes] = []
+    for turn in range(turns):
+        recorder.reset()
+        recorder.mark("start")
+        encoded.append(orjson.dumps(user_message(turn)))
+        body = head + b",".join(encoded) + b"]}"
+        response = await bounded(_raw_completed(client, url, body, recorder), TURN_TIMEOUT_S, f"raw turn {turn + 1}")
+        rows.append(row(recorder, turn))
+        encoded += [orjson.dumps(without_none(item)) for item in response["output"]]
+    return rows
+
+
+async def _raw_completed(client: httpx2.AsyncClient, url: str, body: bytes, recorder: Recorder) -> dict[str, Any]:
+    """Read the SSE stream to its end; the turn ends when `response.completed` is decoded."""
+    response = None
+    event = ""
+    async with client.stream("POST", url, content=body, headers=RAW_HEADERS) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+                if event in ("error", "response.failed", "response.incomplete"):
+                    raise RuntimeError(f"raw HTTP turn failed: {event}")
+            elif line.startswith("data: ") and event == "response.completed":
+                response = orjson.loads(line[6:])["response"]
+                recorder.mark("end")
+    if response is None:
+        raise RuntimeError("the raw HTTP stream ended before response.completed")
+    return response
 
 
 async def chat_completions(

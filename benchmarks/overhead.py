@@ -6,6 +6,8 @@ turn, one output token a turn from a zero-latency simulated backend) runs throug
 - `websocket`: the official SDK's `responses.connect()`, `previous_response_id` + new items only;
 - `http_chained`: SDK `responses.create(stream=True)`, `previous_response_id` + `store: true`;
 - `http_stateless`: SDK `responses.create(stream=True)` with the whole history, `store: false`;
+- `http_raw`: the same stateless requests without the SDK (`httpx2`, each history item encoded once,
+  only the terminal event decoded): the HTTP baseline without the SDK's per-turn transform;
 - `backend_http` (floor over the wire): the same simulated backend behind an OpenAI-compatible
   Chat Completions server on loopback (benchmarks/chat_server.py, in-process), called with the
   SDK's `chat.completions.create(stream=True)` and the whole history, as a client without the shim would;
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from openai import AsyncOpenAI
 
 from server_shim import BackgroundServer, Settings, create_app
@@ -66,6 +69,7 @@ class Env:
     chat: ThreadServer
     clients: dict[str, AsyncOpenAI]
     backend: TimedBackend
+    raw: httpx2.AsyncClient
 
 
 Runner = Callable[[Env, int], Awaitable[list[dict[str, Any]]]]
@@ -91,6 +95,10 @@ async def _http_stateless(env: Env, turns: int) -> list[dict[str, Any]]:
     return await loops.http_responses(env.clients["http_stateless"], env.recorder, turns)
 
 
+async def _http_raw(env: Env, turns: int) -> list[dict[str, Any]]:
+    return await loops.http_raw(env.raw, f"{env.shim.base_url}/responses", env.recorder, turns)
+
+
 async def _backend_http(env: Env, turns: int) -> list[dict[str, Any]]:
     return await loops.chat_completions(env.clients["backend_http"], env.recorder, turns)
 
@@ -103,6 +111,7 @@ ALTERNATIVES: tuple[Alternative, ...] = (
     Alternative("websocket", "WebSocket, previous_response_id (SDK connect)", _websocket, True),
     Alternative("http_chained", "HTTP, previous_response_id + store", _http_chained, True),
     Alternative("http_stateless", "HTTP, stateless full history", _http_stateless, True),
+    Alternative("http_raw", "HTTP, stateless full history, raw httpx2 client (no SDK)", _http_raw, True),
     Alternative("backend_http", "backend direct over HTTP (chat completions, full history)", _backend_http, False),
     Alternative("backend_inprocess", "backend direct in-process (floor)", _backend_inprocess, False),
 )
@@ -125,7 +134,8 @@ async def environment() -> Any:
                 clients[alt.name] = AsyncOpenAI(
                     base_url=base, api_key="bench", max_retries=0, http_client=timed_http_client(recorder)
                 )
-            yield Env(recorder, shim, chat, clients, backend)
+            async with timed_http_client(recorder) as raw:
+                yield Env(recorder, shim, chat, clients, backend, raw)
         finally:
             for client in clients.values():
                 await client.close()
@@ -201,6 +211,9 @@ def analyse(samples: dict[str, list[list[dict[str, Any]]]], turns: int, quick: b
         ratio("websocket", "backend_http", last, f"last {len(last)} turns"),
         ratio("http_stateless", "backend_http", last, f"last {len(last)} turns"),
         ratio("websocket", "http_stateless", last, f"last {len(last)} turns", field="total_ms"),
+        ratio("websocket", "http_raw", last, f"last {len(last)} turns"),
+        ratio("websocket", "http_raw", last, f"last {len(last)} turns", field="total_ms"),
+        ratio("http_raw", "http_stateless", last, f"last {len(last)} turns"),
     ]
     growth_per_repeat = []
     for run in samples["websocket"]:

@@ -83,6 +83,7 @@ def test_overhead_results_are_well_formed(quick_run: tuple[Path, subprocess.Comp
         "websocket",
         "http_chained",
         "http_stateless",
+        "http_raw",
         "backend_http",
         "backend_inprocess",
     }
