@@ -35,6 +35,7 @@ import httpx2
 import uvicorn
 
 from server_shim.backends.base import ConnectionScoped
+from server_shim.ws import FORCE_CLOSE_EXTENSION
 
 perf = time.perf_counter
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -260,6 +261,7 @@ class TimedBackend:
 
 
 _COMPLETED_PREFIXES = ('{"type":"response.completed"', '{"type":"response.incomplete"', '{"type":"response.failed"')
+_COMPLETED_PREFIXES_BYTES = tuple(prefix.encode() for prefix in _COMPLETED_PREFIXES)
 _SSE_TERMINAL = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed")
 
 
@@ -281,6 +283,7 @@ class TimingMiddleware:
             await self.app(scope, receive, send)
             return
         recorder = self.recorder
+        scope = self._timed_send_text(scope)
 
         async def timed_receive() -> dict:
             message = await receive()
@@ -304,6 +307,22 @@ class TimingMiddleware:
             await send(message)
 
         await self.app(scope, timed_receive, timed_send)
+
+    def _timed_send_text(self, scope: dict) -> dict:
+        """The scope with the shim's direct frame writer (its fast path past ASGI `send`) probed too."""
+        extensions = scope.get("extensions") or {}
+        protocol = extensions.get(FORCE_CLOSE_EXTENSION)
+        if scope["type"] != "websocket" or not protocol or "send_text" not in protocol:
+            return scope
+        send_text, recorder = protocol["send_text"], self.recorder
+
+        def timed_send_text(data: bytes) -> None:
+            if data.startswith(_COMPLETED_PREFIXES_BYTES):
+                recorder.mark("server_out")
+            send_text(data)
+
+        probed = {**protocol, "send_text": timed_send_text}
+        return {**scope, "extensions": {**extensions, FORCE_CLOSE_EXTENSION: probed}}
 
 
 def validation_probe(recorder: Recorder) -> Any:
