@@ -16,9 +16,11 @@ from support.wire import ws_url
 from websockets.asyncio.client import connect
 
 from benchmarks.memory import TARGET_MB, AgentLoop
-from server_shim.backends.chat_convert import RENDERING, ChatPrompt
+from server_shim.backends.chat_convert import RENDERING, ChatPrompt, chat_prompt
+from server_shim.callids import with_calls
 from server_shim.history import History
-from server_shim.state import ResponseState
+from server_shim.state import ChainLedger, ResponseState, shared_tools
+from server_shim.tools import ChatTools
 
 MB = 1024 * 1024
 
@@ -88,3 +90,46 @@ async def test_a_state_shares_its_history_rendering_tools_and_call_ids_with_its_
     assert third.base_held >= second.history.held, "what the parent holds is not charged to the child again"
     assert third.size > 3 * third.own_bytes, "a state is charged what it adds while its parent is held"
     assert 0.8 < third.own_bytes / second.own_bytes < 1.25, "each turn adds about the same"
+
+
+def _turn(parent: ResponseState | None, n: int, tools: list[dict[str, Any]]) -> ResponseState:
+    """One agent-loop turn as `turn.py` builds it: the input rendered, the output appended, the tools repeated."""
+    base = parent.history if parent is not None else History()
+    given = [
+        {"type": "function_call_output", "call_id": f"call_{n - 1}", "output": f"record {n}: " + "x" * 4000},
+        {"type": "message", "role": "user", "content": f'call lookup {{"n": {n}}}'},
+    ]
+    history = base.extend(given)
+    chat_prompt(history)  # the chat backend renders the turn's input, cached with the history
+    output = [{"type": "function_call", "call_id": f"call_{n}", "name": "lookup", "arguments": f'{{"n": {n}}}'}]
+    response = {"id": f"r{n}", "previous_response_id": parent.id if parent else None, "tools": [dict(tools[0])]}
+    return ResponseState(
+        response=response,
+        input_items=given,
+        output_items=output,
+        tools=shared_tools(tools, response, parent),
+        chat_tools=parent.chat_tools if parent is not None else ChatTools(),
+        history=history.extend(output),
+        call_ids=with_calls(parent.call_ids if parent else frozenset(), [f"call_{n}"]),
+        base_held=base.held,
+        parent=parent,
+    )
+
+
+def test_a_200_turn_chain_holds_linear_memory_and_the_ledger_counts_what_tracemalloc_sees():
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+    ledger = ChainLedger()
+    states: list[ResponseState] = []
+    tracemalloc.start(1)
+    try:
+        for n in range(200):
+            states.append(_turn(states[-1] if states else None, n, [dict(tools[0])]))
+            ledger.add(states[-1])
+            if n == 99:
+                half = tracemalloc.get_traced_memory()[0]
+        whole = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert 0.85 < (whole - half) / half < 1.2, "the second 100 turns hold what the first 100 did"
+    assert 0.8 < ledger.total / whole < 1.25, f"ledger {ledger.total} bytes, tracemalloc {whole}"
+    assert whole < 200 * 3 * 4096, f"{whole / 200:.0f} bytes per 4 KB turn: the text is held about twice, not more"
