@@ -57,6 +57,7 @@ class _OpenItem:
     item: dict[str, Any]
     index: int
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class OutputAssembler:
@@ -81,7 +82,7 @@ class OutputAssembler:
 
     def feed(self, delta: Delta) -> list[Event]:
         if isinstance(delta, TextDelta):
-            return self._text(delta.text)
+            return self._text(delta.text, delta.logprobs)
         if isinstance(delta, ToolCallDelta):
             return self._tool_call(delta)
         if isinstance(delta, Usage):
@@ -97,7 +98,7 @@ class OutputAssembler:
         self._calls.clear()
         return events
 
-    def _text(self, text: str) -> list[Event]:
+    def _text(self, text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Event]:
         events: list[Event] = []
         if self._message is None:
             if self._calls:
@@ -128,6 +129,7 @@ class OutputAssembler:
                 )
             )
         self._message.text.append(text)
+        self._message.logprobs.extend(logprobs)
         events.append(
             self.seq(
                 "response.output_text.delta",
@@ -135,7 +137,7 @@ class OutputAssembler:
                 output_index=self._message.index,
                 content_index=0,
                 delta=text,
-                logprobs=[],
+                logprobs=list(logprobs),
             )
         )
         return events
@@ -169,11 +171,11 @@ class OutputAssembler:
         if message is None:
             return []
         text = "".join(message.text)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": message.logprobs}
         message.item.update(status=status, content=[part])
         where = {"item_id": message.item["id"], "output_index": message.index, "content_index": 0}
         return [
-            self.seq("response.output_text.done", **where, text=text, logprobs=[]),
+            self.seq("response.output_text.done", **where, text=text, logprobs=message.logprobs),
             self.seq("response.content_part.done", **where, part=part),
             self.seq("response.output_item.done", output_index=message.index, item=message.item),
         ]

@@ -2,9 +2,9 @@
 
 A `responses` upstream gets every field the client set that the shim does not handle itself,
 untouched. A Chat Completions backend gets the chat equivalents: `text.format` as
-`response_format`, `reasoning.effort` as `reasoning_effort`, `top_logprobs` with `logprobs`,
-and `prompt_cache_key`, `safety_identifier`, `user`, `service_tier` as they are (a deployment
-whose server refuses one lists it in `quirks.drop_params`). `text.verbosity`, `include`,
+`response_format`, `reasoning.effort` as `reasoning_effort`, `top_logprobs` (or an `include` of
+the output text's logprobs) with `logprobs`, and `prompt_cache_key`, `safety_identifier`, `user`, `service_tier` as they are (a deployment
+whose server refuses one lists it in `quirks.drop_params`). `text.verbosity`, the rest of `include`,
 `reasoning.summary` and `prompt_cache_retention` have no chat equivalent and are not sent.
 """
 
@@ -37,6 +37,8 @@ SHIM_FIELDS = frozenset(
 )
 """Fields the shim acts on itself or sends in their own place."""
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""Asks for the output text's log probabilities (as a positive `top_logprobs` does): chat backends get `logprobs`."""
 _CHAT_AS_IS = ("temperature", "top_p", "prompt_cache_key", "safety_identifier", "user", "service_tier")
 
 
@@ -56,9 +58,10 @@ def chat_options(request: CreateRequest) -> dict[str, Any]:
     effort = (request.reasoning or {}).get("effort")
     if effort is not None:
         options["reasoning_effort"] = effort
-    if request.top_logprobs:
+    if request.top_logprobs or LOGPROBS_INCLUDE in (request.include or ()):
         options["logprobs"] = True
-        options["top_logprobs"] = request.top_logprobs
+        if request.top_logprobs is not None:
+            options["top_logprobs"] = request.top_logprobs
     options.update(request.chat_only)
     return options
 

@@ -422,3 +422,62 @@ def test_the_chat_server_records_what_it_got():
     with ChatServer() as chat:
         httpx2.post(chat.base_url + "/chat/completions", json={"model": "m", "messages": [], "stream": False})
     assert chat.bodies == [{"model": "m", "messages": [], "stream": False}]
+
+
+# --- logprobs ---------------------------------------------------------------------------------------
+
+
+def test_the_test_servers_logprobs_validate_as_the_sdks_chunks():
+    for chunk in text_reply("Hel", "lo").chunks(include_usage=True, top_logprobs=2):
+        ChatCompletionChunk.model_validate(chunk)
+
+
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+
+
+def expected_logprobs(*tokens: str) -> list[dict]:
+    return [
+        {
+            "token": token,
+            "bytes": list(token.encode()),
+            "logprob": -0.25,
+            "top_logprobs": [
+                {"token": token, "bytes": list(token.encode()), "logprob": -0.25},
+                {"token": "else", "bytes": list(b"else"), "logprob": -2.5},
+            ],
+        }
+        for token in tokens
+    ]
+
+
+async def test_logprobs_asked_for_reach_the_deltas_the_done_event_and_the_output_text(sdk, chat_server):
+    chat_server.enqueue(text_reply("Hel", "lo"))
+    async with sdk.responses.connect() as conn:
+        turn = await run_turn(conn, model=CHAT_MODEL, input="hi", store=False, **LOGPROBS)
+    completed_ok(turn)
+    assert chat_server.bodies[-1]["logprobs"] is True and chat_server.bodies[-1]["top_logprobs"] == 2
+    deltas = [e for e in turn.events if e["type"] == "response.output_text.delta"]
+    assert [d["logprobs"] for d in deltas] == [expected_logprobs("Hel"), expected_logprobs("lo")]
+    (done,) = [e for e in turn.events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == expected_logprobs("Hel", "lo")
+    assert turn.response["output"][0]["content"][0]["logprobs"] == expected_logprobs("Hel", "lo")
+
+
+async def test_logprobs_over_http_parse_as_the_sdks_types(sdk, chat_server):
+    chat_server.enqueue(text_reply("Hel", "lo"), text_reply("Hel", "lo"))
+    response = await sdk.responses.create(model=CHAT_MODEL, input="hi", **LOGPROBS)
+    logprobs = response.output[0].content[0].logprobs
+    assert [(p.token, p.logprob, [t.token for t in p.top_logprobs]) for p in logprobs] == [
+        ("Hel", -0.25, ["Hel", "else"]),
+        ("lo", -0.25, ["lo", "else"]),
+    ]
+    stream = await sdk.responses.create(model=CHAT_MODEL, input="hi", stream=True, **LOGPROBS)
+    deltas = [event async for event in stream if event.type == "response.output_text.delta"]
+    assert [d.logprobs[0].top_logprobs[1].token for d in deltas] == ["else", "else"]
+
+
+async def test_without_logprobs_asked_for_none_are_asked_and_the_lists_stay_empty(sdk, chat_server):
+    chat_server.enqueue(text_reply("Hel", "lo"))
+    response = await sdk.responses.create(model=CHAT_MODEL, input="hi")
+    assert "logprobs" not in chat_server.bodies[-1]
+    assert response.output[0].content[0].logprobs == []

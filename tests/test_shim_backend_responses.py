@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from support.chat_server import MODEL as CHAT_MODEL
+from support.chat_server import text_reply
+from support.wire import API_KEY, run_turn, user
 
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.config import ShimConfig
@@ -226,3 +229,23 @@ async def test_items_reach_the_upstream_as_the_client_sent_them(shims):
     assert received["items"][3] == {key: value for key, value in items[3].items() if key != "id"}
     assert received["items"][4] == items[4]
     assert received["tools"] == tools
+
+
+async def test_logprobs_pass_through_a_responses_upstream_on_both_paths(make_server, chat_server):
+    """Two layers: the front shim's `responses` deployment, the upstream shim's chat backend that sends logprobs."""
+    upstream = make_server(backend=chat_server.base_url)
+    deployment = {"name": "up", "kind": "responses", "base_url": upstream.base_url, "models": {"*": "*"}}
+    front = make_server(config=ShimConfig.model_validate({"deployments": [deployment]}))
+    chat_server.enqueue(text_reply("Hel", "lo"), text_reply("Hel", "lo"))
+    asked = {"include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    async with AsyncOpenAI(base_url=front.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        response = await sdk.responses.create(model=CHAT_MODEL, input="hi", **asked)
+        assert [(p.token, p.bytes, len(p.top_logprobs)) for p in response.output[0].content[0].logprobs] == [
+            ("Hel", list(b"Hel"), 1),
+            ("lo", list(b"lo"), 1),
+        ]
+        async with sdk.responses.connect() as conn:
+            turn = await run_turn(conn, model=CHAT_MODEL, input=[user("hi")], store=False, **asked)
+    deltas = [e["logprobs"] for e in turn.events if e["type"] == "response.output_text.delta"]
+    assert [[p["token"] for p in d] for d in deltas] == [["Hel"], ["lo"]]
+    assert chat_server.bodies[-1]["logprobs"] is True and chat_server.bodies[-1]["top_logprobs"] == 1

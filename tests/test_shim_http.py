@@ -292,3 +292,12 @@ async def test_a_response_streaming_with_store_false_elsewhere_is_not_found_not_
         with pytest.raises(openai.BadRequestError) as missing:  # it will never be found here: 409 would say "wait"
             await slow.responses.create(model=MODEL, input="and then?", previous_response_id=parent)
         assert missing.value.code == "previous_response_not_found"
+
+
+async def test_logprobs_asked_of_the_simulator_come_back_as_empty_lists(client):
+    stream = await client.responses.create(
+        model=MODEL, input="hello", stream=True, include=["message.output_text.logprobs"], top_logprobs=3
+    )
+    events = [event async for event in stream]
+    assert all(e.logprobs == [] for e in events if e.type == "response.output_text.delta")
+    assert events[-1].response.output[0].content[0].logprobs == []

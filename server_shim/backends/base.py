@@ -64,6 +64,34 @@ class BackendRequest:
 @dataclass(slots=True, frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
+    """The tokens of `text` with their log probabilities, when asked for and the backend sent them
+    (Responses' `Logprob` shape: `token`, `bytes`, `logprob`, `top_logprobs`; see `as_logprobs`)."""
+
+
+def as_logprobs(entries: Any) -> tuple[dict[str, Any], ...]:
+    """Chat Completions' `choices[].logprobs.content`, or a Responses delta's `logprobs`, as Responses'
+    output `Logprob`s. The two use the same keys; `bytes` (null or absent) becomes the token's UTF-8
+    and a missing `top_logprobs` an empty list. Entries without a string token and a numeric
+    logprob are left out: what reaches the client always parses as the SDK's types."""
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        {**_token(entry), "top_logprobs": [_token(top) for top in entry.get("top_logprobs") or () if _valid(top)]}
+        for entry in entries
+        if _valid(entry)
+    )
+
+
+def _valid(entry: Any) -> bool:
+    logprob = entry.get("logprob") if isinstance(entry, dict) else None
+    return isinstance(entry.get("token"), str) and isinstance(logprob, (int, float)) and not isinstance(logprob, bool)
+
+
+def _token(entry: dict[str, Any]) -> dict[str, Any]:
+    raw = entry.get("bytes")
+    data = raw if isinstance(raw, list) and all(isinstance(b, int) for b in raw) else list(entry["token"].encode())
+    return {"token": entry["token"], "bytes": data, "logprob": entry["logprob"]}
 
 
 @dataclass(slots=True, frozen=True)

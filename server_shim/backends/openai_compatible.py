@@ -34,7 +34,17 @@ import orjson
 
 from ..config import Quirks
 from ..errors import BackendError
-from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, estimate_tokens, loads
+from .base import (
+    BackendRequest,
+    Delta,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    as_logprobs,
+    estimate_tokens,
+    loads,
+)
 from .chat_convert import ChatPrompt, chat_body, chat_prompt, chat_tools_and_choice
 from .pooled import PooledHTTPBackend, drain, unreached
 from .sse import bounded_lines
@@ -143,7 +153,7 @@ async def _parse_stream(lines: AsyncIterator[str], input_estimate: int) -> Async
                 pieces += 1
                 output_chars += len(content)
                 if content:
-                    yield TextDelta(content)
+                    yield TextDelta(content, as_logprobs((choice.get("logprobs") or {}).get("content")))
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
                 arguments = function.get("arguments") or ""

@@ -31,7 +31,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import BackendError, without_credentials
-from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, loads
+from .base import BackendRequest, Carry, Delta, Finish, TextDelta, ToolCallDelta, Usage, as_logprobs, encode, loads
 from .pooled import PooledHTTPBackend, drain, unreached
 from .sse import bounded_lines
 
@@ -188,7 +188,7 @@ class _EventReader:
         if kind == "response.created":
             self.response_id = event["response"]["id"]
         elif kind == "response.output_text.delta":
-            return [TextDelta(event["delta"])]
+            return [TextDelta(event["delta"], as_logprobs(event.get("logprobs")))]
         elif kind == "response.output_item.added" and event["item"].get("type") in CALL_ITEMS:
             item = event["item"]
             custom = item["type"] == "custom_tool_call"

@@ -118,9 +118,13 @@ class Reply:
     linger_s: float = 0.0
     """How long the body stays open after `data: [DONE]` (a server slow to end its chunked body)."""
 
-    def chunks(self, include_usage: bool) -> list[dict[str, Any]]:
+    def chunks(self, include_usage: bool, top_logprobs: int | None = None) -> list[dict[str, Any]]:
+        """`top_logprobs`: the request asked for logprobs (`logprobs: true`) with this many alternatives."""
         out = [chunk({"role": "assistant", "content": ""}, usage=include_usage)]
-        out += [chunk({"content": piece}, usage=include_usage) for piece in self.text]
+        for piece in self.text:
+            out.append(chunk({"content": piece}, usage=include_usage))
+            if top_logprobs is not None:
+                out[-1]["choices"][0]["logprobs"] = {"content": [token_logprob(piece, top_logprobs)], "refusal": None}
         for index, call in enumerate(self.tool_calls):
             first = {
                 "index": index,
@@ -138,6 +142,17 @@ class Reply:
         if include_usage:
             out.append(usage_chunk(*self.usage))
         return out
+
+
+def token_logprob(token: str, top: int) -> dict[str, Any]:
+    """A `ChatCompletionTokenLogprob` for one streamed piece: -0.25 for it, `top` alternatives, the token first."""
+    alternatives = [(token, -0.25), ("else", -2.5), ("other", -3.5)]
+    return {
+        "token": token,
+        "logprob": -0.25,
+        "bytes": list(token.encode()),
+        "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in alternatives[:top]],
+    }
 
 
 def text_reply(*pieces: str, finish_reason: str | None = None, usage: tuple[int, int, int] = (11, 7, 3)) -> Reply:
@@ -249,7 +264,7 @@ class ChatServer:
                 headers={"retry-after": reply.retry_after},
             )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = reply.chunks(include_usage)
+        chunks = reply.chunks(include_usage, (body.get("top_logprobs") or 0) if body.get("logprobs") else None)
         if not body.get("stream"):
             return JSONResponse(_non_streaming(chunks, reply))
         return StreamingResponse(self._sse(chunks, reply), media_type="text/event-stream")
