@@ -13,15 +13,18 @@ uses only the SDK's public API.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx2
 from openai import AsyncOpenAI, OpenAI
 from openai._base_client import make_request_options
+from openai._models import add_request_id
 from openai._types import NOT_GIVEN
 from openai._utils import is_given, transform
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+from openai.types.responses import Response, ResponseInputParam
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import SecurityError
@@ -100,6 +103,41 @@ _REQUEST_SECURITY = "security" in inspect.signature(make_request_options).parame
 def post(resource: Any, options: Any, path: str = "/responses", **kwargs: Any) -> Any:
     """`POST` a prepared turn through the resource's own request path (retries, parsing, streams)."""
     return resource._post(path, body={}, options=options, **kwargs)
+
+
+def request_key(client: Client) -> tuple[Any, ...] | None:
+    """What the SDK builds a request's headers and URL from (key, base URL, default headers); None for a
+    client whose requests the SDK changes per call (a subclass such as Azure's, a key provider,
+    workload identity, a provider runtime, custom auth): only the SDK's own pipeline may send for it."""
+    if type(client) not in (OpenAI, AsyncOpenAI) or not isinstance(client.api_key, str) or client.custom_auth:
+        return None
+    if any(getattr(client, name, None) is not None for name in _PER_CALL_AUTH):
+        return None
+    headers = tuple((k, v) for k, v in client.default_headers.items() if isinstance(v, str))  # `Omit`s dropped
+    return client.api_key, str(client.base_url), headers
+
+
+_PER_CALL_AUTH = ("_api_key_provider", "_workload_identity_auth", "_provider_runtime")
+
+
+def parse_response(client: Client, data: dict[str, Any]) -> Response:
+    """The `Response` the SDK makes of this JSON when it is an HTTP body with no request id."""
+    parsed: Response = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
+    add_request_id(parsed, None)
+    return parsed
+
+
+def input_json(items: Any) -> bytes:
+    """Input items as the SDK's `responses.create` sends them: its transform, then its JSON encoder."""
+    return _sdk_json(transform(items, ResponseInputParam))
+
+
+try:
+    from openai._utils._json import openapi_dumps as _sdk_json
+except ImportError:  # openai 1.x/2.x: httpx encodes the body, with the standard library's encoder
+
+    def _sdk_json(obj: Any) -> bytes:  # type: ignore[misc]
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def chat_body(params: Mapping[str, Any]) -> dict[str, Any]:

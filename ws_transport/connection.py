@@ -24,6 +24,8 @@ from .policy import Socket
 log = logging.getLogger("ws_transport")
 
 ABNORMAL_CLOSURE = 1006
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+"""What a turn that keeps only its outcome needs: the terminal event and the error that may follow it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,9 @@ class Connection:
         self.record = record
         self.use_lanes = lanes
         self.lanes: dict[str | None, asyncio.Queue[dict[str, Any] | Closed]] = {}
+        self.terminal_only: set[str | None] = set()
+        """Lanes whose turn keeps only its terminal events (a non-streaming call): the rest are dropped
+        here, in the reader, instead of waking the turn once per event."""
         self.closed: Closed | None = None
         self.reader: asyncio.Task[None] | None = None
         self._lane_ids = 0
@@ -62,16 +67,19 @@ class Connection:
         """Start reading; the listener hears of the close and of events no lane waits for."""
         self.reader = asyncio.create_task(self._read(listener), name=f"ws_transport reader #{self.generation}")
 
-    def open_lane(self) -> str | None:
+    def open_lane(self, *, terminal_only: bool = False) -> str | None:
         lane = None
         if self.use_lanes:
             self._lane_ids += 1
             lane = f"t{self._lane_ids}"
         self.lanes[lane] = asyncio.Queue()
+        if terminal_only:
+            self.terminal_only.add(lane)
         return lane
 
     def close_lane(self, lane: str | None) -> None:
         self.lanes.pop(lane, None)
+        self.terminal_only.discard(lane)
 
     async def send(self, frame: bytes) -> None:
         try:
@@ -115,9 +123,11 @@ class Connection:
             listener.socket_closed(self)
 
     def _route(self, event: dict[str, Any], listener: Listener) -> None:
-        queue = self.lanes.get(event.get("stream_id") if self.use_lanes else None)
+        lane = event.get("stream_id") if self.use_lanes else None
+        queue = self.lanes.get(lane)
         if queue is not None:
-            queue.put_nowait(event)
+            if lane not in self.terminal_only or event.get("type") in TERMINAL_EVENTS:
+                queue.put_nowait(event)
         else:
             listener.stray_event(self, event)
 

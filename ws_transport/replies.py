@@ -41,7 +41,7 @@ async def _reply(
             first = await anext(events)
             stream = SSEStream(first, events, request, _framer(turn))
             return _http.module_of(request).Response(200, headers=SSE_HEADERS, stream=stream, request=request)
-        return _final_reply(await _drain(events), request, turn)
+        return _final_reply(await drain(events), request, turn)
     except TurnRejected as rejected:
         return error_response(rejected.status, rejected.error, request)
     except UpgradeRejected as rejected:
@@ -53,7 +53,7 @@ async def _reply(
         raise _timeout(request) from exc
 
 
-async def _drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+async def drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
     """The terminal event, and the error event that may follow it."""
     kept = []
     async for event in events:

@@ -126,8 +126,9 @@ class Session:
         """
         self._check_loop()
         attempts = TurnAttempts(self.options.reconnect, self.frame_limit)
+        observe = self.options.on_event  # an observer sees every event, so then none is dropped early
         while True:
-            conn, lane = await self._acquire(turn.chain, turn.headers)
+            conn, lane = await self._acquire(turn.chain, turn.headers, terminal_only=transparent and observe is None)
             try:
                 await self._send(conn, lane, turn, attempts)
                 event = await self._next_event(conn, lane, read_timeout)
@@ -228,6 +229,7 @@ class Session:
         if self.options.on_request is not None:
             _observe(self.options.on_request, orjson.loads(frame))
         await conn.send(frame)
+        turn.on_socket = True
         attempts.sent(len(frame))
         stats = self.stats
         stats.bytes_sent += len(frame)
@@ -254,7 +256,9 @@ class Session:
             nbytes = turn.record_nbytes(output)
             turn.recorded = self.chains.record(turn.plan, response_id, output, nbytes, generation, turn.fields)
 
-    async def _acquire(self, chain: Chain | None, headers: Headers) -> tuple[Connection, str | None]:
+    async def _acquire(
+        self, chain: Chain | None, headers: Headers, *, terminal_only: bool = False
+    ) -> tuple[Connection, str | None]:
         """A lane on the socket the pool picks for this turn, opening one when the pool says so."""
         credentials = credentials_of(headers)
         while True:
@@ -271,7 +275,7 @@ class Session:
                 conn = await self._open(headers, credentials, replacing=decision.replacing)
             else:
                 conn = self._connections[decision.socket]
-            return conn, conn.open_lane()
+            return conn, conn.open_lane(terminal_only=terminal_only)
 
     async def _open(self, headers: Headers, credentials: Credentials, *, replacing: bool) -> Connection:
         try:

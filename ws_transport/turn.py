@@ -7,13 +7,14 @@ first turn, a resend or the HTTP fallback.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pydantic
 
+from . import _sdk
 from .chaining import Chain, Plan, dump_model
 from .chat_replies import ChatReply
 
@@ -22,20 +23,48 @@ TICKET_HEADER = "x-ws-transport-turn"
 
 
 def encode_json(value: Any) -> bytes:
-    """Compact JSON as the SDK writes it: SDK models (the caller's history often holds the output
-    objects it got back) dumped as the SDK's own transform dumps them.
+    """Compact JSON of what is already JSON-ready (request fields, the server's output items)."""
+    return orjson.dumps(value, default=_dump_model)
 
-    Input items carry no renamed or reformatted fields in the SDK's types, so for items this
-    equals the SDK's transform at a fraction of its cost (it walks every union per item).
+
+def encode_items(items: Any) -> bytes:
+    """The input as the SDK would send it, at a fraction of the cost of the SDK's transform.
+
+    Plain JSON (dicts with string keys, lists, tuples, strings, 64-bit integers, finite floats,
+    booleans, None; TypedDicts are dicts) and the SDK's own models (dumped as the SDK dumps them)
+    are encoded with `orjson`: the SDK's transform changes nothing in such input items, since they
+    carry no renamed or reformatted fields. Anything else (datetimes, iterators, integer keys, NaN,
+    UUIDs, big integers...) goes through the SDK's transform and its JSON encoder, so it reads as
+    over HTTP or fails as it fails there. The check walks only the values it is given: the new
+    items of a chained turn, never the history.
     """
-    return orjson.dumps(value, default=_default)
+    if is_plain(items):
+        return orjson.dumps(items, default=_dump_model)
+    return _sdk.input_json(items)
 
 
-def _default(value: Any) -> Any:
+PLAIN_LEAVES = (str, bool, type(None), pydantic.BaseModel)
+INT64 = range(-(2**63), 2**64)
+
+
+def is_plain(value: Any) -> bool:
+    """Whether `orjson` writes `value` exactly as the SDK's transform and encoder would."""
+    if isinstance(value, PLAIN_LEAVES):
+        return True
+    if isinstance(value, dict):
+        return all(type(k) is str and is_plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, int):
+        return value in INT64
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return False
+
+
+def _dump_model(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):
         return dump_model(value)
-    if isinstance(value, Iterator):
-        return list(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
@@ -57,6 +86,8 @@ class TurnRequest:
     """Already in the session's turn count (a resend or an SDK retry is not a new turn)."""
     headers: list[tuple[str, str]] = field(default_factory=list)
     """The upgrade headers of the request that carried the turn: its credentials pick the socket."""
+    on_socket: bool = False
+    """A frame of the turn went out on a socket (its upgrade headers were good for one)."""
     input_nbytes: int = field(default=0, init=False)
     chat: ChatReply | None = None
     """Set when the turn carries a `chat.completions.create` call: how its answer is shaped."""
@@ -77,7 +108,7 @@ class TurnRequest:
             return _splice(body, stream_id), len(body)
         chain = self.plan.chain
         assert chain is not None
-        new_items = encode_json(self.plan.new_items)
+        new_items = encode_items(self.plan.new_items)
         self.input_nbytes = chain.prefix_nbytes + len(new_items)
         event: dict[str, Any] = {"type": "response.create", **self.fields}
         event["previous_response_id"] = chain.response_id
@@ -94,7 +125,8 @@ class TurnRequest:
     def responses_body(self) -> bytes:
         """The whole request as a Responses body: every field and the whole input."""
         if self.http_body_bytes is None:
-            self.http_body_bytes = encode_json({**self.fields, "input": self.raw_input, "stream": self.stream})
+            fields = encode_json({**self.fields, "stream": self.stream})
+            self.http_body_bytes = fields[:-1] + b',"input":' + encode_items(self.raw_input) + b"}"
         return self.http_body_bytes
 
     def record_nbytes(self, output: list[Any]) -> int:

@@ -26,6 +26,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from . import _sdk
 from .chat_wrap import prepare_chat
+from .direct import DirectPath
 from .httpx_transport import AsyncWebSocketTransport, WebSocketTransport
 from .options import SessionOptions
 from .portal import Portal
@@ -107,10 +108,10 @@ def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
     """Wrap `responses.create` (and `chat.completions.create` when asked) here and on every copy
     that shares this client's HTTP client."""
     make = _async_create if isinstance(client, AsyncOpenAI) else _sync_create
-    client.responses.create = make(client.responses, session, RESPONSES)  # type: ignore[method-assign]
+    client.responses.create = make(client, client.responses, session, RESPONSES)  # type: ignore[method-assign]
     if session.options.chat_completions:
         completions = client.chat.completions
-        completions.create = make(completions, session, CHAT)  # type: ignore[method-assign]
+        completions.create = make(client, completions, session, CHAT)  # type: ignore[method-assign]
     original_copy = client.copy
 
     @functools.wraps(original_copy)
@@ -123,30 +124,42 @@ def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
     client.copy = client.with_options = copy  # type: ignore[method-assign]
 
 
-def _sync_create(resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
+def _sync_create(client: Any, resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
     original = resource.create
+    direct = DirectPath(client, session)
 
     @functools.wraps(original)
     def create(**kwargs: Any) -> Any:
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return original(**kwargs)
+        if direct.takes(kwargs, turn) and (response := direct.sync_create(turn)) is not None:
+            return _adopted(session, turn, response)
+        key = direct.key()
         with _ticket(session, turn, kwargs) as options:
-            return _adopted(session, turn, _sdk.post(resource, options, **endpoint.post_args(turn, sync=True)))
+            result = _sdk.post(resource, options, **endpoint.post_args(turn, sync=True))
+        direct.learn(key, turn)
+        return _adopted(session, turn, result)
 
     return create
 
 
-def _async_create(resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
+def _async_create(client: Any, resource: Any, session: Session, endpoint: _Endpoint) -> Callable[..., Any]:
     original = resource.create
+    direct = DirectPath(client, session)
 
     @functools.wraps(original)
     async def create(**kwargs: Any) -> Any:
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return await original(**kwargs)
+        if direct.takes(kwargs, turn) and (response := await direct.async_create(turn)) is not None:
+            return _adopted(session, turn, response)
+        key = direct.key()
         with _ticket(session, turn, kwargs) as options:
-            return _adopted(session, turn, await _sdk.post(resource, options, **endpoint.post_args(turn, sync=False)))
+            result = await _sdk.post(resource, options, **endpoint.post_args(turn, sync=False))
+        direct.learn(key, turn)
+        return _adopted(session, turn, result)
 
     return create
 

@@ -1,0 +1,161 @@
+"""`wrap()`'s direct path: a non-streaming turn sent without the SDK's HTTP pipeline, answered with the SDK's own `Response`.
+
+The SDK's pipeline is observed through httpx's request event hook: a turn that takes the direct
+path builds no httpx request at all. What the caller gets is compared with what the SDK gives over
+plain HTTP for the same stored response (`responses.retrieve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from openai.types.responses import Response
+
+import ws_transport
+from server_shim import BackgroundServer, Settings, create_app
+
+MODEL = "simulated-1"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    settings = Settings(usage_ledger="off")
+    with BackgroundServer(create_app(settings), settings) as running:
+        yield running
+
+
+class Requests:
+    """Every request the SDK built and handed to httpx (the direct path builds none)."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    def __call__(self, request: Any) -> None:
+        self.urls.append(str(request.url))
+
+    async def hook(self, request: Any) -> None:
+        self(request)
+
+
+def wrapped(server: BackgroundServer, requests: Requests, **options: Any) -> OpenAI:
+    http = openai.DefaultHttpxClient(event_hooks={"request": [requests]})
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=http)
+    return ws_transport.wrap(client, **options)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def same_as_http(response: Response, http: OpenAI) -> None:
+    """The direct path's `Response` is the object the SDK makes of the same response over HTTP."""
+    over_http = http.responses.retrieve(response.id)
+    assert type(response) is Response
+    assert response == over_http
+    assert response.model_fields_set == over_http.model_fields_set
+    assert [type(item) for item in response.output] == [type(item) for item in over_http.output]
+    assert response._request_id is None
+
+
+def test_chained_non_streaming_turns_build_no_http_request_and_return_what_http_gives(
+    server: BackgroundServer,
+) -> None:
+    requests = Requests()
+    http = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    with wrapped(server, requests) as client:
+        history: list[Any] = [user("hello")]
+        for turn in range(4):
+            response = client.responses.create(model=MODEL, input=history, store=True)
+            same_as_http(response, http)
+            history += [*response.output, user(f"and then {turn}?")]
+        stats = ws_transport.session_of(client).stats
+    assert len(requests.urls) == 1, "only the first turn went through the SDK's pipeline"
+    assert (stats.turns, stats.turns_chained, stats.fallbacks) == (4, 3, 0)
+
+
+def test_the_async_client_takes_the_direct_path_too(server: BackgroundServer) -> None:
+    requests = Requests()
+    http = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+
+    async def main() -> list[Response]:
+        hooks = openai.DefaultAsyncHttpxClient(event_hooks={"request": [requests.hook]})
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=hooks)
+        async with ws_transport.wrap(client) as wrapped_client:
+            history: list[Any] = [user("hello")]
+            responses = []
+            for turn in range(3):
+                response = await wrapped_client.responses.create(model=MODEL, input=history, store=True)
+                responses.append(response)
+                history += [*response.output, user(f"more {turn}")]
+            return responses
+
+    for response in asyncio.run(main()):
+        same_as_http(response, http)
+    assert len(requests.urls) == 1
+
+
+def test_a_rejected_direct_turn_raises_what_http_raises_and_the_socket_chains_on(server: BackgroundServer) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        history: list[Any] = [user("hello")]
+        first = client.responses.create(model=MODEL, input=history)
+        history += [*first.output, user("now with a bad temperature")]
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model=MODEL, input=history, temperature=5)
+        assert "temperature" in str(raised.value)
+        requests_after_error = len(requests.urls)
+        second = client.responses.create(model=MODEL, input=history)
+        session = ws_transport.session_of(client)
+        assert [c.generation for c in session.connections] == [1]
+        assert session.stats.reconnects == 0 and session.stats.turns_chained >= 1
+        assert second.status == "completed"
+    assert requests_after_error == 2, "the rejected turn went again through the SDK, which raised its error"
+    assert len(requests.urls) == 2, "the turn after the error took the direct path again"
+
+
+def test_per_call_options_raw_responses_and_streams_go_through_the_sdk(server: BackgroundServer) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        client.responses.create(model=MODEL, input="hello")
+        client.responses.create(model=MODEL, input="x", extra_headers={"x-trace": "1"})
+        raw = client.responses.with_raw_response.create(model=MODEL, input="y")
+        assert isinstance(raw.parse(), Response)
+        with client.responses.create(model=MODEL, input="z", stream=True) as stream:
+            kinds = [event.type for event in stream]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        client.responses.create(model=MODEL, input="timeout", timeout=30)
+        assert len(requests.urls) == 5
+        client.responses.create(model=MODEL, input="plain again")
+        assert len(requests.urls) == 5
+
+
+def test_changed_credentials_go_through_the_sdk_and_pick_their_own_socket(server: BackgroundServer) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        client.responses.create(model=MODEL, input="hello")
+        client.responses.create(model=MODEL, input="direct")
+        assert len(requests.urls) == 1
+        client.api_key = "another-key"
+        client.responses.create(model=MODEL, input="as another key")
+        assert len(requests.urls) == 2, "new credentials: the SDK builds the headers again"
+        client.responses.create(model=MODEL, input="direct as another key")
+        assert len(requests.urls) == 2
+        assert len(ws_transport.session_of(client).connections) == 2, "a socket per key"
+
+
+def test_an_event_observer_still_sees_every_event_of_a_non_streaming_turn(server: BackgroundServer) -> None:
+    seen: list[str] = []
+    requests = Requests()
+    with wrapped(server, requests, on_event=lambda event: seen.append(event["type"])) as client:
+        client.responses.create(model=MODEL, input="hello")
+        start = len(seen)
+        client.responses.create(model=MODEL, input="direct")
+    assert len(requests.urls) == 1
+    direct = seen[start:]
+    assert direct[0] == "response.created" and direct[-1] == "response.completed"
+    assert "response.output_text.delta" in direct

@@ -1,0 +1,113 @@
+"""The direct path: a wrapped client's non-streaming `responses.create`, without the SDK's HTTP machinery.
+
+Through the SDK a wrapped turn pays for a request pipeline that has nothing left to do once the
+turn is prepared: request options copied, headers and an httpx request built, the retry loop, an
+httpx response made of the terminal event and parsed back. That was most of a wrapped turn's
+client CPU (`python -m benchmarks client`). The direct path sends the prepared turn on the session
+and makes the SDK's own `Response` of the terminal event with the SDK's own parser, as it parses
+the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object.
+
+It is taken only when the SDK's pipeline could not change the outcome:
+- the client has sent a turn of its own through the SDK on this session, which taught the
+  session its upgrade headers, and its `default_headers` (credentials, organization, project,
+  custom headers) are still the ones it had then;
+- the call is not streaming and passes no `extra_headers`, `extra_query` or `timeout` (the SDK's
+  raw and streaming response wrappers pass `extra_headers`);
+- the client authenticates with a plain API key (`_sdk.plain_auth`).
+A turn that does not end in a response (an error event, a lost socket, a timeout, a fall back to
+HTTP, a closed client) goes again through the SDK's own path, which raises or retries exactly as it does over
+HTTP; an error costs that one more round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from openai.types.responses import Response
+
+from . import _sdk
+from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
+from .headers import Headers
+from .replies import drain
+from .session import Session, SessionState
+from .turn import TurnRequest
+
+PER_CALL = ("extra_headers", "extra_query")
+"""Per-call request options that only the SDK's pipeline applies."""
+GIVE_UP = (TurnRejected, UpgradeRejected, ConnectionLost, TimeoutError, UseHTTP, SessionClosed)
+"""What sends the turn again through the SDK's path, to be raised, retried or sent over HTTP as there."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a client's turn through the SDK taught: its upgrade headers, valid while `key` holds."""
+
+    key: tuple[Any, ...]
+    headers: Headers
+
+
+class DirectPath:
+    """One wrapped client's direct path (copies made with `with_options` get their own)."""
+
+    def __init__(self, client: Any, session: Session) -> None:
+        self.client = client
+        self.session = session
+        self.binding: Binding | None = None
+
+    def key(self) -> tuple[Any, ...] | None:
+        """What the client's headers are built from now; None: the direct path is not for this client."""
+        return _sdk.request_key(self.client)
+
+    def learn(self, key: tuple[Any, ...] | None, turn: TurnRequest) -> None:
+        """After a turn through the SDK: its upgrade headers serve later turns while `key` holds."""
+        if key is not None and turn.on_socket:
+            self.binding = Binding(key, list(turn.headers))
+
+    def takes(self, kwargs: dict[str, Any], turn: TurnRequest) -> bool:
+        """Whether this call may skip the SDK's pipeline (then `turn.headers` are set for it)."""
+        binding = self.binding
+        if binding is None or turn.stream or turn.chat is not None or self.session.state is not SessionState.WEBSOCKET:
+            return False
+        if any(kwargs.get(name) for name in PER_CALL) or "timeout" in _sdk.given(kwargs):
+            return False
+        if self.key() != binding.key:
+            self.binding = None
+            return False
+        turn.headers = binding.headers
+        return True
+
+    def sync_create(self, turn: TurnRequest) -> Response | None:
+        """The sync client's turn on the session's loop thread; None: send it through the SDK."""
+        try:
+            final = _sdk.transport_of(self.client).portal.call(self._final(turn))
+        except SessionClosed:  # the loop thread is gone with the client
+            return None
+        return None if final is None else _sdk.parse_response(self.client, final)
+
+    async def async_create(self, turn: TurnRequest) -> Response | None:
+        """The async client's turn; None: send it through the SDK."""
+        final = await self._final(turn)
+        return None if final is None else _sdk.parse_response(self.client, final)
+
+    async def _final(self, turn: TurnRequest) -> dict[str, Any] | None:
+        """The terminal event's response JSON, or None when the turn did not end in one."""
+        events: AsyncGenerator[dict[str, Any], None] = self.session.events(
+            turn, transparent=True, read_timeout=read_timeout(self.client.timeout)
+        )
+        try:
+            kept = await drain(events)
+        except GIVE_UP:
+            return None
+        finally:
+            await events.aclose()
+        if not kept or any(event.get("type") == "error" for event in kept):
+            return None
+        response: dict[str, Any] = kept[-1]["response"]
+        return response
+
+
+def read_timeout(timeout: Any) -> float | None:
+    """The read timeout of a client's `timeout` (seconds, an httpx `Timeout` or None), as its requests get it."""
+    return timeout.read if hasattr(timeout, "read") else timeout
