@@ -4,8 +4,9 @@ The loops are the ones `responses-ws demo` runs (server_shim/demo.py), imported,
 the raw `openai` client, stateless HTTP with the whole history every turn against WebSocket
 mode with `previous_response_id`; the simulated backend streams at 1,000 tokens/s and calls
 the `lookup` tool on every other turn, each tool result ~4 KB. `raw-http` is the same stateless
-loop without the SDK (`benchmarks/raw_http.py`: `httpx2`, each item encoded once), the HTTP
-baseline that isolates the SDK's per-turn transform of the history.
+loop without the SDK (`benchmarks/raw_clients.py`: `httpx2`, each item encoded once), the HTTP
+baseline that isolates the SDK's per-turn transform of the history; `raw-websocket` is WebSocket
+mode with the same kind of client, so the raw pair differs only in API path, wire and server.
 
 A variant is one function: register it with `@variant(name, label)`; it receives
 `(base_url, turns, payload_bytes)` and returns a `server_shim.demo.LoopResult` (per-turn
@@ -28,7 +29,7 @@ from server_shim.backends import SimulatedBackend
 from server_shim.demo import MODEL, LoopResult, http_loop, next_user_message, tool_result, websocket_loop
 
 from . import plot
-from .raw_http import raw_http_loop
+from .raw_clients import raw_http_loop, raw_websocket_loop
 
 if TYPE_CHECKING:
     from plugins.langchain import Transport
@@ -60,7 +61,7 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {}
-PAIRS: list[tuple[str, str]] = [("websocket", "http"), ("websocket", "raw-http")]
+PAIRS: list[tuple[str, str]] = [("websocket", "http"), ("websocket", "raw-http"), ("raw-websocket", "raw-http")]
 """(numerator, denominator) pairs compared besides every variant against the baseline."""
 
 
@@ -76,8 +77,11 @@ def variant(name: str, label: str) -> Callable[[AgentLoop], AgentLoop]:
 
 variant(BASELINE, "HTTP, stateless full history, raw openai client (demo.http_loop)")(http_loop)
 variant("websocket", "WebSocket, previous_response_id, raw openai client (demo.websocket_loop)")(websocket_loop)
-variant("raw-http", "HTTP, stateless full history, raw httpx2 client, items encoded once (raw_http.raw_http_loop)")(
+variant("raw-http", "HTTP, stateless full history, raw httpx2 client, items encoded once (raw_clients.raw_http_loop)")(
     raw_http_loop
+)
+variant("raw-websocket", "WebSocket, previous_response_id, raw websockets client (raw_clients.raw_websocket_loop)")(
+    raw_websocket_loop
 )
 
 

@@ -14,12 +14,13 @@ from typing import Any
 import httpx2
 import orjson
 from openai import AsyncOpenAI
+from websockets.asyncio.client import connect
 
 from server_shim.backends import BackendRequest, TextDelta
 from server_shim.history import History
 
 from .common import Recorder, bounded, probe_websocket
-from .raw_http import without_none
+from .raw_clients import FAILED_PREFIXES, without_none
 from .turns import MODEL, OUTPUT_TOKENS, as_input, assistant_message, expected_backend_messages, user_message
 
 TURN_TIMEOUT_S = 60.0
@@ -120,7 +121,7 @@ async def http_responses(
 async def http_raw(
     client: httpx2.AsyncClient, url: str, recorder: Recorder, turns: int, *, model: str = MODEL
 ) -> list[dict[str, Any]]:
-    """Stateless streaming HTTP without the SDK (`benchmarks/raw_http.py`): each item of the history is
+    """Stateless streaming HTTP without the SDK (`benchmarks/raw_clients.py`): each item of the history is
     encoded once, each body is those bytes joined, and of the SSE stream only the terminal event is decoded."""
     rows = []
     options = {"model": model, "store": False, "stream": True, "max_output_tokens": OUTPUT_TOKENS}
@@ -154,6 +155,40 @@ async def _raw_completed(client: httpx2.AsyncClient, url: str, body: bytes, reco
     if response is None:
         raise RuntimeError("the raw HTTP stream ended before response.completed")
     return response
+
+
+async def websocket_raw(url: str, recorder: Recorder, turns: int, *, model: str = MODEL) -> list[dict[str, Any]]:
+    """WebSocket mode without the SDK: each turn's `response.create` frame encoded by the loop (the new
+    item and `previous_response_id`), and of the events only the terminal one decoded. With `http_raw`,
+    the pair that leaves the SDK out of the comparison: what remains is the wire and the server."""
+    rows = []
+    headers = {"authorization": "Bearer bench"}
+    options = {"type": "response.create", "model": model, "store": False, "max_output_tokens": OUTPUT_TOKENS}
+    async with connect(url, additional_headers=headers, max_size=None, compression=None, ping_interval=None) as ws:
+        previous: str | None = None
+        for turn in range(turns):
+            recorder.reset()
+            recorder.mark("start")
+            chained = {"previous_response_id": previous} if previous else {}
+            frame = orjson.dumps({**options, **chained, "input": [user_message(turn)]})
+            recorder.mark("sent")
+            await ws.send(frame, text=True)
+            response = await bounded(_raw_terminal(ws, recorder), TURN_TIMEOUT_S, f"raw WebSocket turn {turn + 1}")
+            rows.append(row(recorder, turn))
+            previous = response["id"]
+    return rows
+
+
+async def _raw_terminal(ws: Any, recorder: Recorder) -> dict[str, Any]:
+    while True:
+        raw = await ws.recv(decode=False)
+        if raw.startswith(b'{"type":"response.completed"'):
+            recorder.mark("last_byte")
+            response: dict[str, Any] = orjson.loads(raw)["response"]
+            recorder.mark("end")
+            return response
+        if raw.startswith(FAILED_PREFIXES):
+            raise RuntimeError(f"raw WebSocket turn failed: {raw[:500]!r}")
 
 
 async def chat_completions(

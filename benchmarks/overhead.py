@@ -8,6 +8,8 @@ turn, one output token a turn from a zero-latency simulated backend) runs throug
 - `http_stateless`: SDK `responses.create(stream=True)` with the whole history, `store: false`;
 - `http_raw`: the same stateless requests without the SDK (`httpx2`, each history item encoded once,
   only the terminal event decoded): the HTTP baseline without the SDK's per-turn transform;
+- `websocket_raw`: WebSocket mode without the SDK (the loop encodes each frame, decodes only the
+  terminal event); against `http_raw` it leaves the client out: the difference is wire and server;
 - `backend_http` (floor over the wire): the same simulated backend behind an OpenAI-compatible
   Chat Completions server on loopback (benchmarks/chat_server.py, in-process), called with the
   SDK's `chat.completions.create(stream=True)` and the whole history, as a client without the shim would;
@@ -99,6 +101,11 @@ async def _http_raw(env: Env, turns: int) -> list[dict[str, Any]]:
     return await loops.http_raw(env.raw, f"{env.shim.base_url}/responses", env.recorder, turns)
 
 
+async def _websocket_raw(env: Env, turns: int) -> list[dict[str, Any]]:
+    url = env.shim.base_url.replace("http://", "ws://", 1) + "/responses"
+    return await loops.websocket_raw(url, env.recorder, turns)
+
+
 async def _backend_http(env: Env, turns: int) -> list[dict[str, Any]]:
     return await loops.chat_completions(env.clients["backend_http"], env.recorder, turns)
 
@@ -112,6 +119,9 @@ ALTERNATIVES: tuple[Alternative, ...] = (
     Alternative("http_chained", "HTTP, previous_response_id + store", _http_chained, True),
     Alternative("http_stateless", "HTTP, stateless full history", _http_stateless, True),
     Alternative("http_raw", "HTTP, stateless full history, raw httpx2 client (no SDK)", _http_raw, True),
+    Alternative(
+        "websocket_raw", "WebSocket, previous_response_id, raw websockets client (no SDK)", _websocket_raw, True
+    ),
     Alternative("backend_http", "backend direct over HTTP (chat completions, full history)", _backend_http, False),
     Alternative("backend_inprocess", "backend direct in-process (floor)", _backend_inprocess, False),
 )
@@ -214,6 +224,8 @@ def analyse(samples: dict[str, list[list[dict[str, Any]]]], turns: int, quick: b
         ratio("websocket", "http_raw", last, f"last {len(last)} turns"),
         ratio("websocket", "http_raw", last, f"last {len(last)} turns", field="total_ms"),
         ratio("http_raw", "http_stateless", last, f"last {len(last)} turns"),
+        ratio("websocket_raw", "http_raw", last, f"last {len(last)} turns"),
+        ratio("websocket_raw", "http_raw", last, f"last {len(last)} turns", field="total_ms"),
     ]
     growth_per_repeat = []
     for run in samples["websocket"]:

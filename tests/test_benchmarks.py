@@ -84,6 +84,7 @@ def test_overhead_results_are_well_formed(quick_run: tuple[Path, subprocess.Comp
         "http_chained",
         "http_stateless",
         "http_raw",
+        "websocket_raw",
         "backend_http",
         "backend_inprocess",
     }

@@ -1,4 +1,4 @@
-"""The stateless HTTP baseline without the `openai` SDK: the demo's loop over `httpx2` with its own JSON.
+"""The demo's agent loop without the `openai` SDK, over HTTP (`httpx2`) and over WebSocket (`websockets`).
 
 Frameworks call `client.responses.create(input=history)`, and the SDK transforms and encodes the
 whole history on every call. This client does what a careful HTTP client could do instead: each
@@ -6,7 +6,9 @@ item is encoded once, when it joins the history (the reply's items with their nu
 as the SDK's `model_dump(exclude_none=True)` drops them), and each turn's body is those bytes
 joined. What is left is what any stateless HTTP client pays: the whole history on the wire and
 parsed by the server, every turn. Comparing it with the SDK over HTTP isolates the SDK's
-per-turn cost; comparing it with WebSocket isolates what chaining saves beyond that.
+per-turn cost. `raw_websocket_loop` is WebSocket mode with the same kind of client (frames
+encoded by the loop, only the terminal event decoded): the raw pair differs only in the API
+path, the wire and the server.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Any
 
 import httpx2
 import orjson
+from websockets.asyncio.client import connect
 
 from server_shim.demo import MODEL, TOOLS, LoopResult, next_user_message, tool_result
 
 HEAD = orjson.dumps({"model": MODEL, "tools": TOOLS, "store": False})[:-1] + b',"input":['
 """Everything of the body but the history, encoded once."""
+FAILED_PREFIXES = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.incomplete"')
+"""How the events that end a turn without a response begin (the shim writes `type` first)."""
 
 
 def without_none(value: Any) -> Any:
@@ -73,3 +78,38 @@ async def raw_http_loop(base_url: str, turns: int, payload_bytes: int) -> LoopRe
         result.seconds = time.perf_counter() - start
     result.turns = turns
     return result
+
+
+async def raw_websocket_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult:
+    """WebSocket mode, `previous_response_id` and the new items, frames encoded and events skimmed by the loop."""
+    result = LoopResult("WebSocket, chained, raw websockets client")
+    url = base_url.replace("http://", "ws://", 1) + "/responses"
+    options = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False}
+    headers = {"authorization": "Bearer demo"}
+    async with connect(url, additional_headers=headers, max_size=None, compression=None, ping_interval=None) as ws:
+        new_items: list[dict[str, Any]] = [next_user_message(0)]
+        previous: dict[str, Any] = {}
+        start = time.perf_counter()
+        for turn in range(turns):
+            t0 = time.perf_counter()
+            await ws.send(orjson.dumps({**options, **previous, "input": new_items}), text=True)
+            response = await _terminal(ws)
+            output = response["output"]
+            result.turn_seconds.append(time.perf_counter() - t0)
+            result.outputs.append(_output_text(output) or output[0]["type"])
+            previous = {"previous_response_id": response["id"]}
+            new_items = _follow_up(output, turn + 1, payload_bytes)
+        result.seconds = time.perf_counter() - start
+    result.turns = turns
+    return result
+
+
+async def _terminal(ws: Any) -> dict[str, Any]:
+    """The terminal event's response: the one event decoded; the others are only looked at."""
+    while True:
+        raw = await ws.recv(decode=False)
+        if raw.startswith(b'{"type":"response.completed"'):
+            response: dict[str, Any] = orjson.loads(raw)["response"]
+            return response
+        if raw.startswith(FAILED_PREFIXES):
+            raise RuntimeError(f"raw WebSocket turn failed: {raw[:500]!r}")
