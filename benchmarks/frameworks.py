@@ -11,7 +11,8 @@ successive turns: one agent step, the framework's own work included); bytes the 
 turns chained (`previous_response_id`, from the session's stats); and the split of the total
 into server time (each turn from the shim accepting it to its last event, the backend's 16-token
 generation included) and client time (the rest: the framework, the SDK, serialization and the
-wire). LlamaIndex and CrewAI pin openai<3 and run in a venv of their own (tests/frameworks), not here.
+wire). LlamaIndex and CrewAI pin openai<3: they run when this suite runs in their venv
+(`pip install -e . -r tests/frameworks/requirements.txt`), and are listed as not installed otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from openai import AsyncOpenAI
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends import SimulatedBackend
-from server_shim.demo import MODEL, tool_result
+from server_shim.demo import tool_result
 
 from .common import clean_floats, machine_info, progress, rotated, summarize, write_json
 from .report import fmt, format_table
@@ -39,6 +41,8 @@ TOKENS_PER_S = 1000.0
 PAYLOAD_BYTES = 4000
 TRANSPORTS = ("http", "websocket")
 API_KEY = "bench"
+MODEL = "gpt-4o-mini"
+"""The simulator answers to this name: LlamaIndex and CrewAI refuse names they do not know."""
 
 
 @dataclass
@@ -189,6 +193,46 @@ def smolagents(base_url: str, tasks: int, transport: str) -> Run:
     return _stats(session_of(model)) if transport == "websocket" else Run()
 
 
+def llama_index(base_url: str, tasks: int, transport: str) -> Run:
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.memory import ChatMemoryBuffer
+    from llama_index.llms.openai import OpenAI as LlamaOpenAI
+
+    async def run() -> Run:
+        client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+        if transport == "websocket":
+            client = ws_transport.wrap(client)
+        llm = LlamaOpenAI(model=MODEL, api_key=API_KEY, api_base=base_url, async_openai_client=client)
+        agent = FunctionAgent(tools=[lookup], llm=llm)
+        memory = ChatMemoryBuffer.from_defaults()
+        for n in range(tasks):
+            await agent.run(task(n), memory=memory)
+        stats = _stats(ws_transport.session_of(client)) if transport == "websocket" else Run()
+        await client.close()
+        return stats
+
+    return asyncio.run(run())
+
+
+def crewai(base_url: str, tasks: int, transport: str) -> Run:
+    os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+    from crewai import LLM, Agent, Crew, Task
+    from crewai.tools import tool
+
+    from plugins.crewai import session_of, websocket_llm
+
+    llm = LLM(model=f"openai/{MODEL}", base_url=base_url, api_key=API_KEY)
+    if transport == "websocket":
+        llm = websocket_llm(llm)
+    agent = Agent(
+        role="clerk", goal="find records", backstory="A records clerk.", llm=llm, tools=[tool("lookup")(lookup)]
+    )
+    work = [Task(description=task(n), expected_output="the record", agent=agent) for n in range(tasks)]
+    Crew(agents=[agent], tasks=work).kickoff()  # each task starts its conversation afresh
+    return _stats(session_of(llm)) if transport == "websocket" else Run()
+
+
 @dataclass(frozen=True)
 class Framework:
     name: str
@@ -208,6 +252,8 @@ FRAMEWORKS = [
     Framework("pydantic-ai-chat", "pydantic-ai Agent, OpenAIChatModel", pydantic_ai_chat, "pydantic_ai"),
     Framework("pydantic-ai-responses", "pydantic-ai Agent, OpenAIResponsesModel", pydantic_ai_responses, "pydantic_ai"),
     Framework("smolagents", "smolagents ToolCallingAgent, OpenAIServerModel", smolagents, "smolagents"),
+    Framework("llama-index", "LlamaIndex FunctionAgent, OpenAI (openai<3 venv)", llama_index, "llama_index"),
+    Framework("crewai", "CrewAI Agent/Crew, native OpenAI provider (openai<3 venv)", crewai, "crewai"),
 ]
 
 
@@ -316,6 +362,8 @@ def table(result: dict[str, Any]) -> str:
         f"{cfg['payload_bytes']} B tool results, median of {cfg['repeats']} runs)",
         format_table(rows),
     ]
+    if cfg["not_installed"]:
+        lines.append(f"  not installed here (not run): {', '.join(cfg['not_installed'])}")
     for name, row in result["frameworks"].items():
         if "websocket_over_http_total" in row:
             lines.append(
