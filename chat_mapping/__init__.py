@@ -8,13 +8,22 @@ serve `POST /v1/chat/completions` from the same turn pipeline as `POST /v1/respo
 """
 
 from .messages import Unmapped, as_dict, message_items, messages_to_items, tool, tool_choice
-from .replies import ChunkStream, answer_message, chat_usage, completion_from_response, error_chunk, finish_reason
+from .replies import (
+    ChunkStream,
+    answer_message,
+    chat_logprobs,
+    chat_usage,
+    completion_from_response,
+    error_chunk,
+    finish_reason,
+)
 
 __all__ = [
     "ChunkStream",
     "Unmapped",
     "answer_message",
     "as_dict",
+    "chat_logprobs",
     "chat_usage",
     "completion_from_response",
     "error_chunk",

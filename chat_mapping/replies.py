@@ -50,6 +50,23 @@ def answer_message(response: Json) -> Json:
     return message
 
 
+def chat_logprobs(logprobs: list[Json] | None) -> Json | None:
+    """A choice's `logprobs` from the output text's: the entries have the same fields in both APIs
+    (token, logprob, bytes, top_logprobs); None when there are none (not asked for, or not given)."""
+    return {"content": logprobs, "refusal": None} if logprobs else None
+
+
+def _text_logprobs(response: Json) -> list[Json]:
+    return [
+        logprob
+        for item in response.get("output") or ()
+        if item.get("type") == "message"
+        for part in item.get("content") or ()
+        if part.get("type") == "output_text"
+        for logprob in part.get("logprobs") or ()
+    ]
+
+
 def chat_usage(usage: Json | None) -> Json | None:
     """`CompletionUsage` JSON from the Responses usage."""
     if not usage:
@@ -77,7 +94,7 @@ def completion_from_response(response: Json) -> Json:
                 "index": 0,
                 "message": answer_message(response),
                 "finish_reason": finish_reason(response),
-                "logprobs": None,
+                "logprobs": chat_logprobs(_text_logprobs(response)),
             }
         ],
         "usage": chat_usage(response.get("usage")),
@@ -118,7 +135,7 @@ class ChunkStream:
             self._start(event["response"])
             return [self._chunk({"role": "assistant", "content": "", "refusal": None})]
         if kind == "response.output_text.delta":
-            return [self._chunk({"content": event.get("delta", "")})]
+            return [self._chunk({"content": event.get("delta", "")}, logprobs=event.get("logprobs"))]
         if kind == "response.refusal.delta":
             return [self._chunk({"refusal": event.get("delta", "")})]
         if kind == "response.output_item.added" and event["item"].get("type") == "function_call":
@@ -158,11 +175,9 @@ class ChunkStream:
             chunks.append({**self.head, "choices": [], "usage": chat_usage(response.get("usage"))})
         return chunks
 
-    def _chunk(self, delta: Json, finish: str | None = None) -> Json:
-        chunk: Json = {
-            **self.head,
-            "choices": [{"index": self.index, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
+    def _chunk(self, delta: Json, finish: str | None = None, logprobs: list[Json] | None = None) -> Json:
+        choice = {"index": self.index, "delta": delta, "finish_reason": finish, "logprobs": chat_logprobs(logprobs)}
+        chunk: Json = {**self.head, "choices": [choice]}
         if self.include_usage:
             chunk["usage"] = None
         return chunk

@@ -8,8 +8,9 @@ with the client), `max_tokens` as `max_output_tokens`, `response_format` as `tex
 `previous_response_id` to continue). What the Responses API cannot say goes beside it:
 `stop` is applied to the answer here (and sent to chat backends), `n` runs one turn per
 choice, and `seed`, `frequency_penalty`, `presence_penalty`, `logit_bias` reach chat backends
-as they are (the simulator and a `responses` upstream ignore them). A message's `name` is
-accepted and ignored; audio, legacy `functions` and predicted outputs are refused.
+as they are (the simulator and a `responses` upstream ignore them); `logprobs` and `top_logprobs`
+ask for the output text's log probabilities, returned as the chat choice's `logprobs` when the
+backend gives them. A message's `name` is accepted and ignored; audio, legacy `functions` and predicted outputs are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from chat_mapping import Unmapped, message_items, tool, tool_choice
 
 from .errors import APIError, invalid
 from .limits import RequestLimits
+from .request_fields import LOGPROBS_INCLUDE
 from .requests import CreateRequest, ServiceTier, parse_create, validation_error
 
 MAX_CHOICES = 8
@@ -145,8 +147,10 @@ def _responses_fields(chat: ChatBody) -> dict[str, Any]:
         fields["max_output_tokens"] = limit
     if chat.reasoning_effort is not None:
         fields["reasoning"] = {"effort": chat.reasoning_effort}
-    if chat.logprobs and chat.top_logprobs:
-        fields["top_logprobs"] = chat.top_logprobs
+    if chat.logprobs:  # the output text's log probabilities, as the Responses API asks for them
+        fields["include"] = [LOGPROBS_INCLUDE]
+        if chat.top_logprobs is not None:
+            fields["top_logprobs"] = chat.top_logprobs
     text = _text(chat)
     if text:
         fields["text"] = text

@@ -258,3 +258,24 @@ def test_wrapped_clients_calls_that_stay_on_http_are_answered_by_the_shim(server
     assert len(two.choices) == 2 and two.choices[1].message.content == chained.choices[0].message.content
     assert "lat" not in (stopped.choices[0].message.content or "")
     assert stats.chat_fallbacks == {"n > 1": 1, "stop": 1} and stats.chat_turns == 1
+
+
+def test_logprobs_asked_for_come_back_as_the_chat_choices_logprobs(chat_server: ChatServer, chat_shim: Any) -> None:
+    chat_server.enqueue(text_reply("Hel", "lo"), text_reply("Hel", "lo"), text_reply("Hel", "lo"))
+    hi = [{"role": "user", "content": "hi"}]
+    with OpenAI(base_url=chat_shim.base_url, api_key="k", max_retries=0) as client:
+        whole = client.chat.completions.create(model="gpt-test", messages=hi, logprobs=True, top_logprobs=2)  # type: ignore[arg-type]
+        chunks = list(
+            client.chat.completions.create(model="gpt-test", messages=hi, logprobs=True, top_logprobs=2, stream=True)  # type: ignore[arg-type]
+        )
+        plain = client.chat.completions.create(model="gpt-test", messages=hi)  # type: ignore[arg-type]
+    assert chat_server.received[0].body["logprobs"] is True and chat_server.received[0].body["top_logprobs"] == 2
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert [(p.token, p.logprob, [t.token for t in p.top_logprobs]) for p in logprobs.content] == [
+        ("Hel", -0.25, ["Hel", "else"]),
+        ("lo", -0.25, ["lo", "else"]),
+    ]
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].delta.content]
+    assert [lp.content[0].token for lp in streamed if lp is not None and lp.content] == ["Hel", "lo"]
+    assert "logprobs" not in chat_server.received[-1].body and plain.choices[0].logprobs is None
