@@ -71,6 +71,13 @@ def test_parameters_translate_to_their_responses_names() -> None:
     CreateRequest.model_validate({**call.fields, "input": []})
 
 
+def test_logprobs_ask_for_the_output_texts_log_probabilities() -> None:
+    call = translate_call({"model": "m", "messages": [], "logprobs": True, "top_logprobs": 3})
+    assert call.fields == {"model": "m", "store": False, "include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    assert translate_call({"model": "m", "messages": [], "logprobs": False}).fields == {"model": "m", "store": False}
+    CreateRequest.model_validate({**call.fields, "input": []})
+
+
 def test_none_valued_arguments_count_as_not_given() -> None:
     call = translate_call({"model": "m", "messages": [], "n": None, "stop": None, "seed": None, "temperature": None})
     assert call.fields == {"model": "m", "store": False}
@@ -81,8 +88,7 @@ def test_none_valued_arguments_count_as_not_given() -> None:
     [
         ({"n": 2}, "n > 1"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs without logprobs"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"stop": ["\n"]}, "stop"),

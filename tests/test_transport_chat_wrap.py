@@ -221,3 +221,31 @@ def test_the_socket_opens_on_the_responses_url_beside_the_chat_url(
         stats = ws_transport.session_of(client).stats
     assert completion.choices[0].message.content == "from the socket"
     assert (stats.turns, stats.chat_turns, stats.fallbacks) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+def test_logprobs_ride_the_session_and_come_back_as_over_http(
+    chat_server: ChatServer, shim: BackgroundServer, stream: bool
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    asked = {"logprobs": True, "top_logprobs": 2}
+
+    def logprobs(client: OpenAI, messages: list[Any], stream: bool = stream) -> list[Any]:
+        if not stream:
+            completion = client.chat.completions.create(model="gpt-test", messages=messages, **asked)
+            return [p.model_dump() for p in completion.choices[0].logprobs.content]
+        chunks = client.chat.completions.create(model="gpt-test", messages=messages, stream=True, **asked)
+        return [
+            p.model_dump() for c in chunks if c.choices and c.choices[0].logprobs for p in c.choices[0].logprobs.content
+        ]
+
+    chat_server.enqueue(text_reply("Hel", "lo"), text_reply("Hel", "lo"), text_reply("again"))
+    with OpenAI(base_url=chat_server.base_url, api_key="test-key", max_retries=0) as plain:
+        over_http = logprobs(plain, messages, stream=True)  # the test server gives logprobs in its streams only
+    with _wrapped(chat_server, shim) as client:
+        over_ws = logprobs(client, messages)
+        messages += [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "again"}]
+        logprobs(client, messages)
+        stats = ws_transport.session_of(client).stats
+    assert over_ws == over_http and [p["token"] for p in over_ws] == ["Hel", "lo"]
+    assert (stats.chat_turns, stats.turns_chained, stats.chat_fallbacks) == (2, 1, {})

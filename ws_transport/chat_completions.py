@@ -56,6 +56,9 @@ NO_EQUIVALENT = (
 
 REQUEST_ONLY = frozenset({"messages", "stream", "stream_options", "extra_headers", "extra_query", "timeout"})
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The Responses `include` entry that asks for the output text's log probabilities (chat `logprobs: true`)."""
+
 MIN_OUTPUT_TOKENS = 16
 """The Responses API refuses `max_output_tokens` below this; a smaller chat limit stays on HTTP."""
 
@@ -85,6 +88,10 @@ def translate_call(kwargs: Mapping[str, Any]) -> ChatCall:
         if limit < MIN_OUTPUT_TOKENS:
             raise Untranslatable(f"max_tokens below {MIN_OUTPUT_TOKENS}, the Responses API minimum")
         fields["max_output_tokens"] = limit
+    if given.get("logprobs"):  # the output text's log probabilities, as the Responses API asks for them
+        fields["include"] = [LOGPROBS_INCLUDE]
+        if "top_logprobs" in given:
+            fields["top_logprobs"] = given["top_logprobs"]
     if "reasoning_effort" in given:
         fields["reasoning"] = {"effort": given["reasoning_effort"]}
     text = _text_config(given)
@@ -110,14 +117,21 @@ def _check_unsupported(given: Mapping[str, Any]) -> None:
             raise Untranslatable(name)
     if given.get("n", 1) != 1:
         raise Untranslatable("n > 1")
-    if given.get("logprobs") or "top_logprobs" in given:
-        raise Untranslatable("logprobs")
+    if "top_logprobs" in given and not given.get("logprobs"):
+        raise Untranslatable("top_logprobs without logprobs")
     if any(m != "text" for m in given.get("modalities") or ()):
         raise Untranslatable("modalities")
     if given.get("extra_body"):
         raise Untranslatable("extra_body")
     unknown = given.keys() - REQUEST_ONLY - {"n", "logprobs", "modalities", "extra_body", "store"}
-    unknown -= {"max_tokens", "max_completion_tokens", "reasoning_effort", "response_format", "verbosity"}
+    unknown -= {
+        "max_tokens",
+        "max_completion_tokens",
+        "reasoning_effort",
+        "response_format",
+        "verbosity",
+        "top_logprobs",
+    }
     unknown -= {"tools", "tool_choice", *COPIED}
     if unknown:
         raise Untranslatable(f"unknown parameter {sorted(unknown)[0]}")
