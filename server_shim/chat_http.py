@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from chat_mapping import ChunkStream, completion_from_response, error_chunk
 
-from . import tracing
+from . import metrics, tracing
 from .chat_requests import ChatRequest, parse_chat
 from .errors import APIError, internal_error
 from .events import new_id
@@ -103,10 +103,11 @@ async def _sse(chat: ChatRequest, turns: list[Turn], shim: ShimState) -> AsyncIt
             if chunk is None:
                 running -= 1
                 continue
-            chunk["id"] = completion_id
-            if "error" in chunk:
+            if "error" in chunk:  # the SDK raises `APIError` with its message; the stream ends here
+                metrics.ERRORS.labels(chunk["error"].get("code") or "server_error").inc()
                 yield _frame(chunk)
                 break
+            chunk["id"] = completion_id
             if not chunk["choices"]:  # a choice's usage: one chunk with the sum, at the end
                 usages.append(chunk["usage"])
                 usage_chunk = chunk
@@ -133,6 +134,8 @@ async def _choice(chat: ChatRequest, turn: Turn, index: int, queue: asyncio.Queu
     try:
         async with contextlib.aclosing(turn.events()) as events:
             async for event in events:
+                if event["type"] == "response.failed":
+                    continue  # the `error` event after it carries the API error's code (`backend_error`, ...)
                 for chunk in chunks.feed(event):
                     for out in stop.feed(chunk):
                         queue.put_nowait(out)

@@ -17,6 +17,8 @@ from test_shim_chat_completions import LOOKUP
 from test_shim_disconnect import TOKENS, assert_quiet, metered, server_errors  # noqa: F401  (fixture)
 from test_transport_chat_wrap import assemble
 
+from server_shim import metrics
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -63,10 +65,13 @@ def test_a_failing_backend_is_the_sdks_error_and_the_next_call_works(chat_server
         with pytest.raises(openai.APIStatusError) as failed:
             client.chat.completions.create(model="gpt-test", messages=hi)  # type: ignore[arg-type]
         assert failed.value.status_code == 502 and failed.value.code == "backend_error"
+        counted = metrics.ERRORS.labels("backend_error")._value.get()
         stream = client.chat.completions.create(model="gpt-test", messages=hi, stream=True)  # type: ignore[arg-type]
-        with pytest.raises(openai.APIError, match=r"ended before the response finished|failed"):
+        with pytest.raises(openai.APIError, match=r"ended before the response finished|failed") as cut:
             for _ in stream:
                 pass
+        assert cut.value.code == "backend_error"
+        assert metrics.ERRORS.labels("backend_error")._value.get() == counted + 1
         again = client.chat.completions.create(model="gpt-test", messages=hi)  # type: ignore[arg-type]
     assert again.choices[0].message.content == "fine"
 
