@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="load: the concurrent client counts to run, e.g. 50,200 (default 50,200,500,1000)",
     )
     parser.add_argument(
+        "--allocators",
+        type=lambda text: text.split(","),
+        help="load: run each level once per CPython allocator, e.g. pymalloc,malloc (default pymalloc)",
+    )
+    parser.add_argument(
         "--llama-threads",
         type=int,
         help="agent-llama: llama.cpp threads (default 1; as many as the cores stalls under CPU contention)",
@@ -137,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kwargs["llama_threads"] = args.llama_threads
         if name == "load" and args.clients:
             kwargs["clients"] = args.clients
+        if name == "load" and args.allocators:
+            kwargs["allocators"] = args.allocators
         start = time.perf_counter()
         progress(f"=== {name} ===")
         try:

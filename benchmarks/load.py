@@ -7,8 +7,12 @@ tokens), each turn timed from its send to its `response.completed`. Clients are 
 `websockets`, events told apart by prefix, only the terminal event parsed).
 
 Reported per level: turns/s (turns / wall time of the turn phase), turn latency p50/p99, errors
-(error events, failed responses, refused or dropped connections: must be 0), and the server's
-VmRSS idle (before the clients), at peak (sampled every 50 ms) and 2 s after every client left.
+(error events, failed responses, refused or dropped connections: must be 0), the server's CPU
+seconds per turn, and its VmRSS idle (before the clients), at peak (sampled every 50 ms) and after
+every client left (the lowest sample in the `SETTLE_S` seconds after the last close: the server
+collects and trims once per burst of closes, a second or a few after it, see `server_shim/trim.py`).
+`allocators` runs each level once per CPython allocator: `pymalloc` (the default) and `malloc`
+(`PYTHONMALLOC=malloc` in the server's environment), which gives memory back after a burst.
 
 A second part, `big_frame`, measures what large frames cost the other connections: connection B
 runs back-to-back small turns while connection A sends, one after the other, (a) a 3 MB frame of
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ from .common import (
     Subprocess,
     bounded,
     clean_floats,
+    cpu_seconds,
     free_port,
     machine_info,
     percentile,
@@ -45,6 +51,8 @@ from .report import fmt, format_table
 MODEL = "simulated-1"
 LEVELS = (50, 200, 500, 1000)
 TURNS = 20
+SETTLE_S = 10.0
+ALLOCATORS = ("pymalloc",)
 COMPLETED = b'{"type":"response.completed"'
 FAILED = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.incomplete"')
 
@@ -90,19 +98,39 @@ async def _sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 0.05)
 
 
-async def level(out_dir: Path, clients: int, turns: int) -> dict[str, Any]:
+def server_env(allocator: str) -> dict[str, str] | None:
+    """The server child's environment for a CPython allocator (`pymalloc`: inherited as is)."""
+    return None if allocator == "pymalloc" else {**os.environ, "PYTHONMALLOC": allocator}
+
+
+async def _settled_rss(pid: int, seconds: float) -> int:
+    """The lowest RSS sampled over `seconds` (every 0.25 s)."""
+    lowest = rss_bytes(pid)
+    deadline = perf() + seconds
+    while perf() < deadline:
+        await asyncio.sleep(0.25)
+        lowest = min(lowest, rss_bytes(pid))
+    return lowest
+
+
+async def level(
+    out_dir: Path, clients: int, turns: int, allocator: str = "pymalloc", settle_s: float = SETTLE_S
+) -> dict[str, Any]:
     raise_fd_limit(2 * clients + 512)
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/responses"
-    log = out_dir / "logs" / f"load-{clients}.log"
-    with Subprocess(shim_command(port), ready_url=f"http://127.0.0.1:{port}/healthz", log_path=log) as server:
+    log = out_dir / "logs" / f"load-{clients}-{allocator}.log"
+    child = Subprocess(
+        shim_command(port), ready_url=f"http://127.0.0.1:{port}/healthz", log_path=log, env=server_env(allocator)
+    )
+    with child as server:
         warm = await _open(url)
         for n in range(3):
             await _turn(warm, f"warm {n}", None)
         await warm.close()
         await asyncio.sleep(0.5)
         idle = rss_bytes(server.pid)
-        progress(f"load: {clients} clients x {turns} turns (idle RSS {idle / 2**20:.0f} MB)")
+        progress(f"load: {clients} clients x {turns} turns, {allocator} (idle RSS {idle / 2**20:.0f} MB)")
         opened = await bounded(
             asyncio.gather(*(_open(url) for _ in range(clients)), return_exceptions=True), 120, "connecting"
         )
@@ -112,18 +140,19 @@ async def level(out_dir: Path, clients: int, turns: int) -> dict[str, Any]:
         start, stop, peak = asyncio.Event(), asyncio.Event(), [idle]
         sampler = asyncio.create_task(_sample_rss(server.pid, peak, stop))
         runs = [asyncio.create_task(_client(ws, turns, latencies, start)) for ws in sockets]
-        began = perf()
+        began, cpu_before = perf(), cpu_seconds(server.pid, tree=False)
         start.set()
         outcomes = await bounded(asyncio.gather(*runs, return_exceptions=True), 600, "the turn phase")
-        wall = perf() - began
+        wall, cpu = perf() - began, cpu_seconds(server.pid, tree=False) - cpu_before
         errors = refused + sum(o if isinstance(o, int) else 1 for o in outcomes)
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-        await asyncio.sleep(2.0)
         stop.set()
         await sampler
-        after = rss_bytes(server.pid)
+        after = await _settled_rss(server.pid, settle_s)
     return {
         "clients": clients,
+        "allocator": allocator,
+        "server_cpu_ms_per_turn": cpu / len(latencies) * 1000 if latencies else None,
         "turns_per_client": turns,
         "turns": len(latencies),
         "wall_s": wall,
@@ -196,15 +225,18 @@ def run(
     repeats: int | None = None,
     clients: list[int] | None = None,
     turns: int | None = None,
+    allocators: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Every level (or those in `clients`, then without the big-frame part), `turns` chained turns per client."""
+    """Every level (or those in `clients`, then without the big-frame part), `turns` chained turns per client,
+    once per allocator in `allocators`."""
     levels = clients or ([5, 20] if quick else list(LEVELS))
     turns = turns or (3 if quick else TURNS)
     result: dict[str, Any] = {"suite": "load", "machine": machine_info(), "levels": []}
 
     async def all_levels() -> None:
         for n in levels:
-            result["levels"].append(await level(out_dir, n, turns))
+            for allocator in allocators or ALLOCATORS:
+                result["levels"].append(await level(out_dir, n, turns, allocator, 2.0 if quick else SETTLE_S))
         if clients is None:
             result["big_frame"] = await big_frame(out_dir, frames=2 if quick else 5, seconds=1.0 if quick else 3.0)
 
@@ -213,16 +245,27 @@ def run(
         "quick": quick,
         "levels": levels,
         "turns_per_client": turns,
+        "allocators": allocators or list(ALLOCATORS),
+        "rss_after": f"lowest RSS in the {SETTLE_S:g} s after the last client closed",
         "server": "responses-ws serve in a child process, simulated backend, no pacing, 4 output tokens a turn",
         "turn": "chained with previous_response_id, store false; latency from send to response.completed",
     }
     result["targets"] = [
         {
-            "target": f"no errors at {lvl['clients']} clients",
+            "target": f"no errors at {lvl['clients']} clients ({lvl['allocator']})",
             "measured": lvl["errors"],
             "op": "<=",
             "threshold": 0,
             "met": lvl["errors"] == 0,
+        }
+        for lvl in result["levels"]
+    ] + [
+        {
+            "target": f"RSS after {lvl['clients']} clients left within 10% of idle ({lvl['allocator']}; store false)",
+            "measured": lvl["rss_after_over_idle"],
+            "op": "<=",
+            "threshold": 1.10,
+            "met": lvl["rss_after_over_idle"] is not None and lvl["rss_after_over_idle"] <= 1.10,
         }
         for lvl in result["levels"]
     ]
@@ -230,16 +273,19 @@ def run(
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = [["load: clients", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "RSS idle MB", "peak MB", "after MB"]]
+    header = ["load: clients", "allocator", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "CPU ms/turn"]
+    rows = [[*header, "RSS idle MB", "peak MB", "after MB"]]
     for lvl in result["levels"]:
         rows.append(
             [
                 lvl["clients"],
+                lvl.get("allocator", "pymalloc"),
                 lvl["turns"],
                 fmt(lvl["turns_per_s"], 0),
                 fmt(lvl["latency_p50_ms"], 1),
                 fmt(lvl["latency_p99_ms"], 1),
                 lvl["errors"],
+                fmt(lvl.get("server_cpu_ms_per_turn"), 2),
                 fmt(lvl["rss_idle_bytes"] / 2**20, 0),
                 fmt(lvl["rss_peak_bytes"] / 2**20, 0),
                 fmt(lvl["rss_after_bytes"] / 2**20, 0),
