@@ -1,6 +1,6 @@
 """The heap: start-up objects frozen, raised GC thresholds, and freed memory given back after connections close.
 
-Once per burst of closes (`delay_s` after the first): a full garbage collection, then
+Once per burst of closes (`delay_s` after its last, see `trim_at`): a full garbage collection, then
 `malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
 thresholds (`GC_THRESHOLDS`), so a full collection otherwise comes only after millions of
 allocations: whatever a closed connection left in reference cycles (asyncio's transports are
@@ -49,9 +49,11 @@ GC_SHARE = 0.01
 connection churn is not collecting all the time."""
 
 
-def trim_wait(delay_s: float, now: float, next_allowed: float) -> float:
-    """Seconds from a close (with no trim pending) to the trim it schedules."""
-    return max(delay_s, next_allowed - now)
+def trim_at(first_close: float, last_close: float, allowed: float, delay_s: float, max_wait_s: float) -> float:
+    """When the pending trim runs: `delay_s` after the burst's last close (a burst of a thousand closes
+    can take seconds), but no later than `max_wait_s` after its first, so a steady trickle of closes
+    still gets trims; and never before `allowed` (see `next_allowed`)."""
+    return max(allowed, min(last_close + delay_s, first_close + max_wait_s))
 
 
 def next_allowed(now: float, took_s: float, share: float = GC_SHARE) -> float:
@@ -61,26 +63,41 @@ def next_allowed(now: float, took_s: float, share: float = GC_SHARE) -> float:
 
 @dataclass
 class Trimmer:
-    """Coalesces the closes of a burst: one trim `delay_s` after the first close of the burst, or later
-    where an earlier one would put the collections over `GC_SHARE` of the time."""
+    """One collection and trim per burst of closes (`maybe_trim` is called at each), timed by `trim_at`."""
 
     delay_s: float = 1.0
+    max_wait_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
-    _pending: asyncio.TimerHandle | None = None
-    _next_allowed: float = 0.0
+    _first: float | None = None
+    _last: float = 0.0
+    _allowed: float = 0.0
+    _timer: asyncio.TimerHandle | None = None
 
     def maybe_trim(self) -> None:
-        if self._pending is not None:
-            return
-        wait = trim_wait(self.delay_s, self.clock(), self._next_allowed)
-        self._pending = asyncio.get_running_loop().call_later(wait, self._start)
+        now = self.clock()
+        if self._first is None:
+            self._first = now
+        self._last = now
+        if self._timer is None:
+            self._arm(now)
 
-    def _start(self) -> None:
-        self._pending = None
+    def _due(self) -> float:
+        first = self._last if self._first is None else self._first
+        return trim_at(first, self._last, self._allowed, self.delay_s, self.max_wait_s)
+
+    def _arm(self, now: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, self._due() - now), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
         began = self.clock()
+        if self._due() > began:  # more closes came meanwhile: wait for the end of the burst
+            self._arm(began)
+            return
+        self._first = None
         gc.collect()
         ended = self.clock()
-        self._next_allowed = next_allowed(ended, ended - began)
+        self._allowed = next_allowed(ended, ended - began)
         if _TRIM is not None:
             asyncio.get_running_loop().create_task(asyncio.to_thread(_TRIM, 0))
 

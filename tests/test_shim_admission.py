@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from typing import Any
 
 import httpx2
 import pytest
 import websockets
-from support.wire import API_KEY, MODEL, ws_url
+from support.wire import API_KEY, MODEL, only_connection, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.admission import ConnectionGate, TenantLimiter
+from server_shim.server import FORCE_CLOSE_GRACE_S, ShimWebSocketProtocol
+from server_shim.ws import ConnectionState
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -145,19 +148,47 @@ async def test_turns_per_minute_per_tenant_get_rate_limit_exceeded_over_both_tra
     assert other.status_code == 200, "another tenant is not limited"
 
 
-async def test_a_client_that_never_reads_is_closed_and_frees_its_slots(make_server):
+async def _stop_reading(server: Any, ws: Any) -> weakref.ref:
+    """Fill four lanes with long answers on a client that does not read; return once the server has given
+    up on it (its send timed out: it queued the 1008 close and will abort the socket after the grace period)."""
+    (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
+    connection = only_connection(server)
+    for lane in range(4):
+        await ws.send(create(stream_id=f"l{lane}", max_output_tokens=32_768))
+    deadline = time.monotonic() + 15
+    while connection.state is not ConnectionState.CLOSED:
+        assert time.monotonic() < deadline, "the non-reading client was never let go"
+        await asyncio.sleep(0.05)
+    return weakref.ref(protocol)
+
+
+async def test_a_client_that_never_reads_is_cut_after_the_grace_period_sees_1006_and_frees_its_slots(make_server):
+    """The 1008 close frame waits behind the data the client never read, so it cannot arrive: the socket
+    is aborted `FORCE_CLOSE_GRACE_S` after the send timeout, and the client sees 1006 (no close frame)."""
     server = make_server(send_timeout_s=0.5, max_in_flight=4)
     async with ws_connect(ws_url(server), max_queue=1) as ws:  # the client stops reading its socket
-        for lane in range(4):
-            await ws.send(create(stream_id=f"l{lane}", max_output_tokens=32_768))
-        deadline = time.monotonic() + 15
-        while server.shim.connections:
-            assert time.monotonic() < deadline, "the non-reading client was never let go"
+        protocol = await _stop_reading(server, ws)
+        deadline = time.monotonic() + FORCE_CLOSE_GRACE_S + 10
+        while protocol() is not None or server.shim.connections:  # aborted, its buffers freed with it
+            assert time.monotonic() < deadline, "the connection was never aborted"
             await asyncio.sleep(0.1)
-        assert server.shim.limiter.in_flight(None) == 0
-        with pytest.raises(websockets.ConnectionClosed):  # reading now ends at the close
+        assert server.shim.limiter.in_flight(None) == 0, "its in-flight slots were not freed"
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # reading now ends at the cut
             while True:
                 await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is None, "no close frame can reach a client that never read"
+
+
+async def test_a_slow_reader_that_catches_up_within_the_grace_period_sees_1008(make_server):
+    server = make_server(send_timeout_s=0.5, max_in_flight=4)
+    async with ws_connect(ws_url(server), max_queue=1) as ws:
+        await _stop_reading(server, ws)
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # it reads what was buffered, then the close
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert closed.value.rcvd.reason == "client not reading"
+    assert server.shim.limiter.in_flight(None) == 0
 
 
 async def test_an_idle_connection_is_told_then_closed_with_1001(make_server):

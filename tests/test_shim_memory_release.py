@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.health import TokenWindow
 from server_shim.server import ShimWebSocketProtocol
-from server_shim.trim import GC_SHARE, Trimmer, next_allowed, trim_wait
+from server_shim.trim import GC_SHARE, Trimmer, next_allowed, trim_at
 
 
 @contextlib.contextmanager
@@ -72,15 +72,16 @@ async def test_the_trimmer_collects_cycles_left_behind_after_a_burst_of_closes()
         assert await _until(lambda: freed() is None)
 
 
-def test_trims_wait_for_the_burst_and_keep_collections_to_a_small_share_of_the_time():
-    assert trim_wait(1.0, now=100.0, next_allowed=0.0) == 1.0  # first burst: one delay after the first close
+def test_a_trim_waits_for_the_end_of_the_burst_but_not_forever_and_keeps_collections_rare():
+    assert trim_at(first_close=100.0, last_close=100.0, allowed=0.0, delay_s=1.0, max_wait_s=10.0) == 101.0
+    assert trim_at(first_close=100.0, last_close=103.5, allowed=0.0, delay_s=1.0, max_wait_s=10.0) == 104.5
+    assert trim_at(first_close=100.0, last_close=109.9, allowed=0.0, delay_s=1.0, max_wait_s=10.0) == 110.0
     took = 0.05
     allowed = next_allowed(now=100.0, took_s=took)
     assert allowed == pytest.approx(
         100.0 + took / GC_SHARE
     )  # a 50 ms collection: the next one 5 s later at the soonest
-    assert trim_wait(1.0, now=101.0, next_allowed=allowed) == pytest.approx(4.0)
-    assert trim_wait(1.0, now=106.0, next_allowed=allowed) == 1.0
+    assert trim_at(first_close=101.0, last_close=101.0, allowed=allowed, delay_s=1.0, max_wait_s=10.0) == allowed
 
 
 def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pass():
