@@ -159,3 +159,14 @@ def test_an_event_observer_still_sees_every_event_of_a_non_streaming_turn(server
     direct = seen[start:]
     assert direct[0] == "response.created" and direct[-1] == "response.completed"
     assert "response.output_text.delta" in direct
+
+
+def test_with_direct_off_every_turn_goes_through_the_sdk_pipeline(server: BackgroundServer) -> None:
+    requests = Requests()
+    with wrapped(server, requests, direct=False) as client:
+        history: list[Any] = [user("hello")]
+        for turn in range(3):
+            response = client.responses.create(model=MODEL, input=history)
+            history += [*response.output, user(f"more {turn}")]
+        assert ws_transport.session_of(client).stats.turns_chained == 2
+    assert len(requests.urls) == 3

@@ -7,7 +7,8 @@ client CPU (`python -m benchmarks client`). The direct path sends the prepared t
 and makes the SDK's own `Response` of the terminal event with the SDK's own parser, as it parses
 the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object.
 
-It is taken only when the SDK's pipeline could not change the outcome:
+It is taken only when the SDK's pipeline could not change the outcome (and `SessionOptions.direct`
+is on: httpx event hooks and HTTP instrumentation do not see the turns it takes):
 - the client has sent a turn of its own through the SDK on this session, which taught the
   session its upgrade headers, and its `default_headers` (credentials, organization, project,
   custom headers) are still the ones it had then;
@@ -68,7 +69,13 @@ class DirectPath:
     def takes(self, kwargs: dict[str, Any], turn: TurnRequest) -> bool:
         """Whether this call may skip the SDK's pipeline (then `turn.headers` are set for it)."""
         binding = self.binding
-        if binding is None or turn.stream or turn.chat is not None or self.session.state is not SessionState.WEBSOCKET:
+        if (
+            binding is None
+            or not self.session.options.direct
+            or turn.stream
+            or turn.chat is not None
+            or self.session.state is not SessionState.WEBSOCKET
+        ):
             return False
         if any(kwargs.get(name) for name in PER_CALL) or "timeout" in _sdk.given(kwargs):
             return False

@@ -76,6 +76,10 @@ class SessionOptions:
     chat_completions: bool = True
     """Send `chat.completions.create` calls over the session too (translated to `response.create`);
     False leaves them on HTTP."""
+    direct: bool = True
+    """Let a non-streaming `responses.create` skip the SDK's HTTP pipeline once the client's upgrade
+    headers are known (see `direct.py`); False sends every turn through it, so httpx event hooks and
+    HTTP instrumentation see every turn."""
 
 
 @dataclass
