@@ -228,6 +228,6 @@ def _chat_param(param: str | None) -> str | None:
     head = param.split("[")[0]
     if head == "input":
         return "messages"
-    if param.startswith("text.format"):
+    if head == "text" or param.startswith("text."):
         return "response_format"
     return _CHAT_NAMES.get(param, param)

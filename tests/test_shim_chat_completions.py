@@ -279,3 +279,32 @@ def test_logprobs_asked_for_come_back_as_the_chat_choices_logprobs(chat_server: 
     streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].delta.content]
     assert [lp.content[0].token for lp in streamed if lp is not None and lp.content] == ["Hel", "lo"]
     assert "logprobs" not in chat_server.received[-1].body and plain.choices[0].logprobs is None
+
+
+def test_the_servers_request_limits_hold_for_chat_requests(make_server: Any) -> None:
+    server = make_server(max_input_items=10)
+    deep: dict[str, Any] = {}
+    nested = deep
+    for _ in range(100):
+        nested["a"] = {}
+        nested = nested["a"]
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [
+        ({"model": MODEL, "messages": hi * 11}, "too_many_input_items", "messages"),
+        ({"model": MODEL, "messages": hi, "tools": [LOOKUP] * 200}, "too_many_tools", "tools"),
+        (
+            {
+                "model": MODEL,
+                "messages": hi,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": deep}},
+            },
+            "invalid_value",
+            "response_format",
+        ),
+    ]
+    with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        for body, code, param in cases:
+            with pytest.raises(openai.BadRequestError) as refused:
+                sdk.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            assert (refused.value.code, refused.value.param) == (code, param)
+        assert sdk.chat.completions.create(model=MODEL, messages=hi).choices  # type: ignore[arg-type]
