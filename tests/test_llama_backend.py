@@ -263,3 +263,16 @@ async def test_killing_llama_mid_stream_fails_the_response_and_the_connection_st
     assert failed.output[0].status == "incomplete" and failed.output_text  # the part that arrived is kept
     assert error.type == "error" and error.error.code == "backend_error"
     assert after[-1].type == "response.completed" and after[-1].response.output_text
+
+
+async def test_logprobs_from_llama_cpp_reach_the_deltas_and_the_output_text(client: AsyncOpenAI) -> None:
+    """llama.cpp streams `logprobs.content` with `bytes: null`: the client gets the SDK's shape, bytes filled in."""
+    async with client.responses.connect() as connection:
+        events = await turn(connection, input="hi", include=["message.output_text.logprobs"], top_logprobs=2)
+    assert events[-1].type == "response.completed"
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert deltas and all(len(d.logprobs) >= 1 for d in deltas)
+    assert all(2 >= len(p.top_logprobs or []) >= 1 for d in deltas for p in d.logprobs)
+    text = events[-1].response.output[0].content[0]
+    assert "".join(p.token for p in text.logprobs) == text.text
+    assert all(bytes(p.bytes) == p.token.encode() and p.logprob <= 0 for p in text.logprobs)
