@@ -26,6 +26,7 @@ from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends.base import BackendRequest, Delta, TextDelta
 from server_shim.backends.simulated import SimulatedBackend
 from server_shim.errors import APIError, BackendError
+from server_shim.ws import FORCE_CLOSE_EXTENSION
 from ws_transport.session import SessionState
 
 MODEL = "simulated-1"
@@ -85,6 +86,10 @@ class CloseOnce:
             return
         self.armed = False
         closed = False
+        # the shim writes frames straight to the socket through this scope extension; without it, every
+        # frame goes through `send`, where this middleware can stand in for a server closing mid-response
+        extensions = {k: v for k, v in scope.get("extensions", {}).items() if k != FORCE_CLOSE_EXTENSION}
+        scope = {**scope, "extensions": extensions}
 
         async def sabotaged(message: Message) -> None:
             nonlocal closed
