@@ -145,6 +145,7 @@ def run(
             settings = Settings(backend=llama.base_url, default_model=MODEL, usage_ledger="off")
             with BackgroundServer(create_app(settings), settings) as shim:
                 runs: dict[str, list[dict[str, Any]]] = {"http": [], "websocket": []}
+                warmup_s: dict[str, float] = {}
                 for repeat in range(repeats + 1):
                     for name, loop in (("http", http_loop), ("websocket", websocket_loop))[:: 1 if repeat % 2 else -1]:
                         progress(f"agent-llama: {'warm-up' if repeat == 0 else f'repeat {repeat}/{repeats}'}: {name}")
@@ -153,7 +154,10 @@ def run(
                         result["in_shim_ms"] = _in_shim_ms(shim_log, turns)
                         if repeat:
                             runs[name].append(result)
+                        else:
+                            warmup_s[name] = result["total_s"]
     result = analyse(runs, turns, llama.startup_s)
+    result["warmup_total_s"] = warmup_s
     result["config"]["llama_threads"] = llama_threads
     result["machine"] = machine_info()
     result["load_average_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
@@ -254,6 +258,8 @@ def table(result: dict[str, Any]) -> str:
             format_table(rows),
             "  in shim: the shim's time per response (llama.cpp's work + the shim's stages); outside: turn - in shim "
             "(client, wire, loop hops)",
+            "  warm-up loops (not counted): "
+            + ", ".join(f"{name} {fmt(s, 3)} s" for name, s in (result.get("warmup_total_s") or {}).items()),
             f"  ratio websocket / http end-to-end time: median {fmt(ratio['median'], 3)} "
             f"(faster by {fmt(100 * (1 - ratio['median']), 1)}%, n={ratio['n']}); "
             f"same outputs over both: {result['same_outputs_http_websocket']}",
