@@ -141,6 +141,24 @@ def test_agent_llama_results_are_well_formed(quick_run: tuple[Path, subprocess.C
     assert result["config"]["llama_threads"] == 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs the llama extra")
+@pytest.mark.timeout(120)
+def test_llama_stall_reports_each_thread_count() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.llama_stall", "--threads", "1,2", "--requests", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("threads=")]
+    assert [line.split(":")[0] for line in lines] == ["threads=1", "threads=2"], done.stdout
+    assert all("server CPU" in line and "max" in line for line in lines)
+
+
 @pytest.mark.timeout(300)
 def test_relay_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, _ = quick_run
