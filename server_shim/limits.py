@@ -41,6 +41,20 @@ class RequestLimits:
 
 DEFAULT_LIMITS = RequestLimits()
 
+LARGE_ITEMS = 256
+LARGE_FRAME_BYTES = 256 * 1024
+
+
+def is_large(items: int = 0, nbytes: int = 0) -> bool:
+    """Whether a request's work is split at its stages, letting other connections run between them.
+
+    A 5,000-item request holds the loop ~100 ms from parse to backend call (validation, memory
+    accounting, rendering, each a pass over every item) and a 3 MB frame of 60,000 items ~50-150 ms
+    in `orjson` alone, then as long again to free; one yield costs microseconds, so requests
+    past these sizes give way between stages (`load` benchmark, `big_frame`).
+    """
+    return items >= LARGE_ITEMS or nbytes >= LARGE_FRAME_BYTES
+
 
 def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
     """Refuse a decoded request body that crosses a limit; the error names the field.

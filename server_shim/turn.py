@@ -8,6 +8,7 @@ a socket, so the WebSocket and HTTP paths share it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -23,7 +24,7 @@ from .errors import APIError, BackendError, model_not_found
 from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, response_object
 from .history import History
 from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
-from .limits import check_conversation_bytes, check_reference_bytes
+from .limits import check_conversation_bytes, check_reference_bytes, is_large
 from .postinference import TurnInfo
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
@@ -87,6 +88,9 @@ class Turn:
         )
         known_calls: Set[str] = previous.call_ids if previous else frozenset()
         introduced = validate_items(new_items, known_calls)
+        large = is_large(len(new_items))
+        if large:
+            await asyncio.sleep(0)  # a large request gives way between its passes over the items
         started = stages.clock()
         await run_validators(self.env.validators, new_items, previous, self.request)
         validated = stages.clock()
@@ -120,8 +124,12 @@ class Turn:
         base = previous.history if previous else History()
         self.result.new_items = len(new_items)
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
+        if large:
+            await asyncio.sleep(0)
         history = base.extend(new_items)
         check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
+        if large:
+            await asyncio.sleep(0)
         sent = fit_history(history, self.env.context_window(self.request.model, sticky), self.request, tools.backend)
         self._plan = TurnPlan(
             new_items=new_items,

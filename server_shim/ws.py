@@ -24,6 +24,7 @@ from .backends.base import ConnectionScoped
 from .errors import APIError, internal_error, invalid, previous_response_in_progress
 from .events import new_id
 from .items import normalize_input
+from .limits import is_large
 from .requests import CreateRequest, check_stream_id, parse_create
 from .state import ConnectionCache
 from .steer import Steer, Steering, SteerSlot, steered_input
@@ -138,6 +139,8 @@ class ResponsesConnection:
             request = parse_create(body, websocket=True, limits=self.shim.env.limits)
         except APIError as error:
             request = error  # refused in lane order, after the requests queued before it
+        if is_large(nbytes=size):  # parsed: others run before it is freed (refused) or queued
+            await asyncio.sleep(0)
         lane = self._lanes.get(stream_id)
         if lane is None:
             if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:
