@@ -7,6 +7,7 @@ the `lookup` tool on every other turn, each tool result ~4 KB. `raw-http` is the
 loop without the SDK (`benchmarks/raw_clients.py`: `httpx2`, each item encoded once), the HTTP
 baseline that isolates the SDK's per-turn transform of the history; `raw-websocket` is WebSocket
 mode with the same kind of client, so the raw pair differs only in API path, wire and server.
+`wrap` is the SDK's HTTP loop unchanged with its client given to `ws_transport.wrap()`.
 
 A variant is one function: register it with `@variant(name, label)`; it receives
 `(base_url, turns, payload_bytes)` and returns a `server_shim.demo.LoopResult` (per-turn
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
 from server_shim.backends import SimulatedBackend
 from server_shim.demo import MODEL, LoopResult, http_loop, next_user_message, tool_result, websocket_loop
@@ -77,6 +79,15 @@ def variant(name: str, label: str) -> Callable[[AgentLoop], AgentLoop]:
 
 variant(BASELINE, "HTTP, stateless full history, raw openai client (demo.http_loop)")(http_loop)
 variant("websocket", "WebSocket, previous_response_id, raw openai client (demo.websocket_loop)")(websocket_loop)
+
+
+async def wrap_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult:
+    """`demo.http_loop` unchanged (the whole history every call), its client given to `ws_transport.wrap`."""
+    return await http_loop(base_url, turns, payload_bytes, adapt=ws_transport.wrap)
+
+
+variant("wrap", "ws_transport.wrap(AsyncOpenAI()): the HTTP loop's calls, whole history, over one WebSocket")(wrap_loop)
+PAIRS.append(("wrap", "raw-http"))
 variant("raw-http", "HTTP, stateless full history, raw httpx2 client, items encoded once (raw_clients.raw_http_loop)")(
     raw_http_loop
 )

@@ -10,6 +10,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -74,10 +75,20 @@ def as_input(output: list[Any]) -> list[dict[str, Any]]:
     return [item.model_dump(exclude_none=True) for item in output]
 
 
-async def http_loop(base_url: str, turns: int, payload_bytes: int) -> LoopResult:
-    """Stateless HTTP: every turn sends the whole history, as most frameworks do."""
+async def http_loop(
+    base_url: str,
+    turns: int,
+    payload_bytes: int,
+    *,
+    adapt: Callable[[AsyncOpenAI], AsyncOpenAI] | None = None,
+) -> LoopResult:
+    """Stateless HTTP: every turn sends the whole history, as most frameworks do.
+
+    `adapt` changes the client before the loop uses it (the benchmarks pass `ws_transport.wrap`:
+    the same calls, sent over one WebSocket)."""
     result = LoopResult("HTTP, full history")
-    async with AsyncOpenAI(base_url=base_url, api_key="demo") as client:
+    client = AsyncOpenAI(base_url=base_url, api_key="demo")
+    async with adapt(client) if adapt is not None else client:
         history: list[dict[str, Any]] = [next_user_message(0)]
         start = time.perf_counter()
         for turn in range(turns):
