@@ -19,6 +19,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 from support.clock import FakeClock
+from support.wire import DROPPED_STREAM
 from websockets.asyncio.server import ServerConnection, serve
 
 import ws_transport
@@ -264,19 +265,6 @@ async def test_close_before_the_first_event_is_hidden_from_a_stream(start: Start
         types = [event.type async for event in stream]
         assert types[0] == "response.created" and types[-1] == "response.completed"
         assert ws_transport.session_of(client).stats.resends == 1
-
-
-def _dropped_stream_error() -> type[Exception]:
-    """What the SDK raises over HTTP when a stream breaks mid-way: openai 3.x wraps the transport's
-    error in `APIConnectionError`; 1.x/2.x let httpx's `RemoteProtocolError` through."""
-    if int(openai.__version__.split(".")[0]) >= 3:
-        return openai.APIConnectionError
-    import httpx
-
-    return httpx.RemoteProtocolError
-
-
-DROPPED_STREAM = _dropped_stream_error()
 
 
 async def test_close_after_events_were_streamed_raises_a_connection_error_and_recovers(start: Start) -> None:

@@ -23,6 +23,10 @@ OPENAI_MAJOR = int(openai.__version__.split(".")[0])
 HTTP: Any = httpx2 if OPENAI_MAJOR >= 3 else importlib.import_module("httpx")
 """The HTTP library the installed `openai` client is built on (CI also runs the transport tests on 1.x and 2.x)."""
 
+DROPPED_STREAM: type[Exception] = openai.APIConnectionError if OPENAI_MAJOR >= 3 else HTTP.RemoteProtocolError
+"""What the SDK raises over HTTP when a stream breaks mid-way: openai 3.x wraps the transport's
+error in `APIConnectionError`; 1.x/2.x let httpx's `RemoteProtocolError` through."""
+
 try:
     from openai.types.responses import ResponsesServerEvent
 except ImportError:  # openai 1.x has no WebSocket-mode types; its transport tests check events as stream events
