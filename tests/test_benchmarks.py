@@ -159,6 +159,25 @@ def test_llama_stall_reports_each_thread_count() -> None:
     assert all("server CPU" in line and "max" in line for line in lines)
 
 
+@pytest.mark.timeout(120)
+def test_loop_stall_measures_each_frame_kind_with_stage_yields_off_and_on(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.loop_stall", "--rounds", "1", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _strict_json(tmp_path / "loop-stall.json")
+    for kind in ("text_3mb", "items_60k", "items_5k"):
+        for mode in ("whole", "split"):
+            cell = result[f"{kind}_{mode}"]
+            assert cell["n"] == 1 and cell["max_ms"] >= cell["median_ms"] >= cell["min_ms"] > 0
+
+
 @pytest.mark.timeout(300)
 def test_relay_results_are_well_formed(quick_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, _ = quick_run
