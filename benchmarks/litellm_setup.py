@@ -24,6 +24,7 @@ DEFAULT_VENV = Path(__file__).resolve().parent / ".litellm-venv"
 DEFAULT_SPEC = "litellm==1.110.2"
 SKIP_PREFIXES = ("litellm-proxy",)  # the missing pin that breaks `litellm[proxy]`
 STEP_TIMEOUT_S = 900
+DEEP_CHECK_TIMEOUT_S = 600
 MAX_RELAXATIONS = 8
 
 _PROXY_REQUIREMENTS = r"""
@@ -80,7 +81,11 @@ def _installed_version(venv: Path, *, deep: bool = False) -> str | None:
     if not python.exists() or not litellm_binary(venv).exists():
         return None
     try:
-        done = _run([str(python), "-c", _CHECK if deep else _QUICK_CHECK], timeout=120)
+        # The first deep import compiles all of LiteLLM's modules. With 120 s, a fresh install on the
+        # loaded 2-core machine was reported failed while the retry right after printed the version.
+        done = _run(
+            [str(python), "-c", _CHECK if deep else _QUICK_CHECK], timeout=DEEP_CHECK_TIMEOUT_S if deep else 120
+        )
     except subprocess.TimeoutExpired:
         return None
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
