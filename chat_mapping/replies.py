@@ -144,7 +144,7 @@ class ChunkStream:
             call = {"index": self.tool_index[event["output_index"]], "function": {"arguments": event.get("delta", "")}}
             return [self._chunk({"tool_calls": [call]})]
         if kind in ("response.completed", "response.incomplete"):
-            return self._finish(event["response"])
+            return self.finish(event["response"])
         if kind == "response.failed":
             self.failed = True
             return [error_chunk((event.get("response") or {}).get("error"))]
@@ -169,8 +169,11 @@ class ChunkStream:
             {"tool_calls": [{"index": index, "id": item["call_id"], "type": "function", "function": function}]}
         )
 
-    def _finish(self, response: Json) -> list[Json]:
-        chunks = [self._chunk({}, finish=finish_reason(response))]
+    def finish(self, response: Json | None, reason: str | None = None) -> list[Json]:
+        """The last chunks: an empty delta with `reason` (by default what `response` ended with), then,
+        with `include_usage`, the usage chunk. A server that ends a choice early (a stop sequence) calls it."""
+        response = response or {}
+        chunks = [self._chunk({}, finish=reason or finish_reason(response))]
         if self.include_usage:
             chunks.append({**self.head, "choices": [], "usage": chat_usage(response.get("usage"))})
         return chunks

@@ -74,9 +74,10 @@ class _TenantUsage:
 class TenantLimiter:
     """Per tenant: responses in flight at once, and responses started per minute (a sliding window).
 
-    A limit of 0 is off. `acquire` admits (and counts) a response or refuses it with
-    `rate_limit_exceeded` and the seconds until it would be admitted; every admitted
-    response is `release`d once, however it ends.
+    A limit of 0 is off. `acquire` admits (and counts) `count` responses together (a chat request's
+    `n` choices are `n` responses) or refuses them all with `rate_limit_exceeded` and the seconds
+    until they would be admitted; every admitted response is `release`d once, however it ends.
+    `never_admits` says whether `count` is over a limit outright (a 429 would be retried forever).
     """
 
     max_concurrent: int = 0
@@ -84,11 +85,16 @@ class TenantLimiter:
     window_s: float = 60.0
     _usage: dict[str | None, _TenantUsage] = field(default_factory=dict)
 
-    def acquire(self, tenant: str | None, now: float) -> Refusal | None:
+    def never_admits(self, count: int) -> int | None:
+        """The limit `count` responses at once are over whatever is in flight, if any."""
+        over = [limit for limit in (self.max_concurrent, self.turns_per_minute) if limit and count > limit]
+        return min(over) if over else None
+
+    def acquire(self, tenant: str | None, now: float, count: int = 1) -> Refusal | None:
         usage = self._usage.setdefault(tenant, _TenantUsage())
         while usage.starts and usage.starts[0] <= now - self.window_s:
             usage.starts.popleft()
-        if self.max_concurrent and usage.in_flight >= self.max_concurrent:
+        if self.max_concurrent and usage.in_flight + count > self.max_concurrent:
             return Refusal(
                 429,
                 "rate_limit_exceeded",
@@ -96,24 +102,25 @@ class TenantLimiter:
                 "retry when one finishes.",
                 1.0,
             )
-        if self.turns_per_minute and len(usage.starts) >= self.turns_per_minute:
-            wait = usage.starts[0] + self.window_s - now
+        if self.turns_per_minute and len(usage.starts) + count > self.turns_per_minute:
+            expiring = min(len(usage.starts) + count - self.turns_per_minute, len(usage.starts)) - 1
+            wait = (usage.starts[expiring] + self.window_s - now) if expiring >= 0 else self.window_s
             return Refusal(
                 429,
                 "rate_limit_exceeded",
                 f"At most {self.turns_per_minute} responses per minute for this API key; retry in {wait:.1f} s.",
                 wait,
             )
-        usage.in_flight += 1
+        usage.in_flight += count
         if self.turns_per_minute:
-            usage.starts.append(now)
+            usage.starts.extend([now] * count)
         return None
 
-    def release(self, tenant: str | None) -> None:
+    def release(self, tenant: str | None, count: int = 1) -> None:
         usage = self._usage.get(tenant)
         if usage is None:
             return
-        usage.in_flight -= 1
+        usage.in_flight -= count
         if usage.in_flight <= 0 and not usage.starts:
             del self._usage[tenant]
 

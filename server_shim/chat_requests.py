@@ -31,6 +31,9 @@ MAX_CHOICES = 8
 """The most choices (`n`) one request may ask for: each runs a turn of its own on the backend."""
 MAX_STOP = 4
 """As OpenAI: up to four stop sequences."""
+MAX_STOP_CHARS = 256
+"""The longest stop sequence: the stream holds back up to this many characters that may begin one,
+and matching costs up to this many per delta (OpenAI states no bound; chat agents' are a few words)."""
 CHAT_ONLY = ("stop", "seed", "frequency_penalty", "presence_penalty", "logit_bias")
 """Fields with no Responses equivalent that chat backends get as they are."""
 UNSUPPORTED = {
@@ -93,8 +96,10 @@ class ChatBody(BaseModel):
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
         stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > MAX_STOP or not all(stops):
-            raise ValueError(f"must be a non-empty string or up to {MAX_STOP} non-empty strings")
+        if len(stops) > MAX_STOP or not all(0 < len(stop) <= MAX_STOP_CHARS for stop in stops):
+            raise ValueError(
+                f"must be a non-empty string or up to {MAX_STOP} non-empty strings of at most {MAX_STOP_CHARS} characters"
+            )
         return value
 
 
@@ -107,6 +112,16 @@ class ChatRequest:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+
+    def choice(self, index: int) -> CreateRequest:
+        """The turn request of choice `index`. With a `seed`, choice i gets `seed + i`: one seed for
+        all would give `n` identical choices from a backend that honours it (vLLM, llama.cpp)."""
+        seed = self.create.chat_only.get("seed")
+        if index == 0 or seed is None:
+            return self.create
+        create = self.create.model_copy()
+        create.chat_only = {**self.create.chat_only, "seed": seed + index}
+        return create
 
 
 def parse_chat(body: dict[str, Any], limits: RequestLimits) -> ChatRequest:

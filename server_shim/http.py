@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -85,18 +85,21 @@ def json_body(raw: bytes, shim: ShimState) -> dict[str, Any]:
     return body
 
 
-async def complete_turns(request: Request, shim: ShimState, turns: list[Turn]) -> list[dict[str, Any]] | Response:
-    """Run prepared, admitted turns to their ends together (cancelled if the client goes away): their
-    terminal Response objects, or the error response of the first that failed."""
+async def complete_turns(
+    request: Request, shim: ShimState, turns: list[Turn], run: Callable[[Turn], Awaitable[Any]] | None = None
+) -> list[dict[str, Any]] | Response:
+    """Run prepared, admitted turns to their ends together (cancelled if the client goes away), each by
+    `run` (default `complete_turn`): their terminal Response objects, or the error response of the
+    first that failed. The tenant's slots (one per turn) are released however it ends."""
     try:
-        terminals = await unless_disconnected(request, _complete_all(turns))
+        terminals = await unless_disconnected(request, _complete_all(turns, run or complete_turn))
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("turn failed unexpectedly")
         return error_response(internal_error())
     finally:
-        shim.limiter.release(turns[0].tenant)
+        shim.limiter.release(turns[0].tenant, len(turns))
         for turn in turns:
             shim.record_turn(turn)
     failed = next((turn.result.error for turn in turns if turn.result.error is not None), None)
@@ -106,8 +109,8 @@ async def complete_turns(request: Request, shim: ShimState, turns: list[Turn]) -
     return answered
 
 
-async def _complete_all(turns: list[Turn]) -> list[dict[str, Any] | None]:
-    return list(await asyncio.gather(*(complete_turn(turn) for turn in turns)))
+async def _complete_all(turns: list[Turn], run: Callable[[Turn], Awaitable[Any]]) -> list[dict[str, Any] | None]:
+    return list(await asyncio.gather(*(run(turn) for turn in turns)))
 
 
 async def complete_turn(turn: Turn) -> dict[str, Any] | None:
