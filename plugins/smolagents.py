@@ -13,10 +13,16 @@ over the session. Two things would stop it from chaining, and the adapter change
   answer the model gave, and nothing can continue it. The adapter sends such a step in the native
   form instead: the assistant message with its `tool_calls` (the same ids, names and arguments the
   model produced) and a `tool` message with the observation. A step with several calls in parallel
-  stays as smolagents writes it (their observations are one joined text), and that call goes in full.
-- `ToolCallingAgent` asks for `stop=["Observation:", "Calling tools:"]`, which the Responses API
-  lacks (a call with `stop` goes over HTTP). The adapter removes it (`REMOVE_PARAMETER`, smolagents'
-  own switch); the agent acts on the model's tool calls, which a stop sequence does not cut.
+  stays as smolagents writes it (their observations are one joined text), as does a call with no
+  id (a `tool` message must name one), and that call goes in full.
+- `ToolCallingAgent` asks for `stop=["Observation:", "Calling tools:"]` with its tools, which the
+  Responses API lacks (a call with `stop` goes over HTTP). The adapter removes that pair, and only
+  it: that agent acts on the model's tool calls, which a stop sequence does not cut. Every other
+  `stop` goes through (a `CodeAgent`'s `Observation:`/`Calling tools:`/`</code>`, planning's
+  `<end_plan>`, one set in `model.kwargs`): it ends the code block or plan where smolagents
+  expects, so those calls go over HTTP by `wrap()`'s rule (the shim's `/v1/chat/completions`
+  applies `stop` on every backend) and do not chain. The WebSocket mode has no `stop` field, and
+  adding one would make the session speak a protocol OpenAI's endpoint does not.
 """
 
 from __future__ import annotations
@@ -31,22 +37,25 @@ ModelT = TypeVar("ModelT")
 
 CALLING = "Calling tools:\n"
 OBSERVATION = "Observation:\n"
+TOOL_CALLING_STOP = ["Observation:", "Calling tools:"]
+"""What `ToolCallingAgent` asks for with its tools; the only `stop` the adapter removes."""
 
 
 def websocket_model(model: ModelT, **options: Any) -> ModelT:
     """Route `model`'s calls over one WebSocket session, with its tool steps sent in the native form;
     returns `model`. `options` are `ws_transport.SessionOptions` fields."""
-    from smolagents.models import REMOVE_PARAMETER, OpenAIModel
+    from smolagents.models import OpenAIModel
 
     if not isinstance(model, OpenAIModel):
         raise TypeError(f"expected a smolagents OpenAIServerModel, got {type(model).__name__}")
     model.client = ws_transport.wrap(model.client, chat_completions=True, **options)
-    model.kwargs["stop"] = REMOVE_PARAMETER
     prepare = model._prepare_completion_kwargs
 
     def prepare_native(*args: Any, **kwargs: Any) -> dict[str, Any]:
         completion: dict[str, Any] = prepare(*args, **kwargs)
         completion["messages"] = native_tool_steps(completion["messages"])
+        if completion.get("tools") and completion.get("stop") == TOOL_CALLING_STOP:
+            del completion["stop"]
         return completion
 
     model._prepare_completion_kwargs = prepare_native  # type: ignore[method-assign]
@@ -92,6 +101,8 @@ def _tool_step(message: dict[str, Any], following: dict[str, Any] | None) -> lis
     if not isinstance(calls, list) or len(calls) != 1 or not isinstance(calls[0], dict):
         return None
     call = calls[0]
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        return None  # a `tool` message needs the call's id: without one, the text form stands
     function = call.get("function") or {}
     arguments = function.get("arguments")
     native_call = {
@@ -103,7 +114,7 @@ def _tool_step(message: dict[str, Any], following: dict[str, Any] | None) -> lis
         },
     }
     assistant = {"role": "assistant", "content": said.strip() or None, "tool_calls": [native_call]}
-    return [assistant, {"role": "tool", "tool_call_id": call.get("id"), "content": observation[len(OBSERVATION) :]}]
+    return [assistant, {"role": "tool", "tool_call_id": call["id"], "content": observation[len(OBSERVATION) :]}]
 
 
 def _text(message: dict[str, Any]) -> str | None:

@@ -102,3 +102,47 @@ def test_a_step_is_sent_natively_only_when_it_is_one_call_and_its_observation() 
 def test_only_an_openai_server_model_is_accepted() -> None:
     with pytest.raises(TypeError, match="smolagents OpenAIServerModel"):
         websocket_model(object())
+
+
+def test_a_stop_other_than_the_tool_calling_pair_reaches_the_server_and_cuts_the_answer(
+    server: BackgroundServer,
+) -> None:
+    """Planning's `<end_plan>`, a CodeAgent's stops: they go (over HTTP, by `wrap()`'s rule) and cut the text."""
+    from smolagents.models import ChatMessage
+
+    model = websocket_model(OpenAIServerModel(model_id=MODEL, api_base=server.base_url, api_key=API_KEY))
+    said = model.generate([ChatMessage(role="user", content="plan")], stop_sequences=["token"])  # type: ignore[arg-type]
+    stats = session_of(model).stats
+    model.client.close()
+    assert said.content == "simulated reply from the responses-ws simulator "
+    assert sum(stats.chat_fallbacks.values()) == 1
+
+
+def test_a_code_agent_stops_at_the_end_of_its_code_block(make_server: Any, chat_server: Any) -> None:
+    """A model that writes past its code block (a made-up observation, more code): the CodeAgent's stop
+    sequences end the answer at `</code>`, so only the code it meant to run runs."""
+    from smolagents import CodeAgent
+    from support.chat_server import text_reply
+
+    shim = make_server(backend=chat_server.base_url)
+    chat_server.enqueue(
+        text_reply(
+            "Thought: look first.\n<code>\nprint('looking')\n</code>\nObservation: red\n<code>\nfinal_answer('red')\n</code>"
+        ),
+        text_reply("Thought: done.\n<code>\nfinal_answer('blue')\n</code>"),
+    )
+    model = websocket_model(OpenAIServerModel(model_id="gpt-test", api_base=shim.base_url, api_key=API_KEY))
+    agent = CodeAgent(tools=[], model=model, verbosity_level=0, max_steps=3)
+    answer = agent.run("What colour is record 3?")
+    model.client.close()
+    assert answer == "blue"
+    assert "</code>" in chat_server.received[0].body["stop"]
+
+
+def test_a_replayed_call_without_an_id_stays_text() -> None:
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"n": 3}}}
+    replayed = [
+        {"role": "assistant", "content": "Calling tools:\n" + str([call])},
+        {"role": "user", "content": "Observation:\nrecord 3 is blue"},
+    ]
+    assert native_tool_steps(replayed) == replayed
