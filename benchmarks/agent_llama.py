@@ -35,11 +35,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
+import orjson
 from openai import AsyncOpenAI
 
 from server_shim import BackgroundServer, Settings, create_app
 
 from .common import machine_info, progress, summarize
+from .raw_clients import without_none
 from .report import fmt, format_table
 
 MODEL = "tiny-llama"
@@ -64,14 +67,18 @@ def _turn_fields(turn: int) -> dict[str, Any]:
     return {"model": MODEL, "tools": [TOOL], "tool_choice": forced, "temperature": 0, "max_output_tokens": 32}
 
 
-def _follow_up(output: list[Any], turn: int) -> list[dict[str, Any]]:
-    calls = [item for item in output if item.type == "function_call"]
-    if calls:
+def _follow_up(call_ids: list[str], turn: int) -> list[dict[str, Any]]:
+    """A result for each call of the reply, else the next user message."""
+    if call_ids:
         return [
-            {"type": "function_call_output", "call_id": c.call_id, "output": f"record {turn}: " + "x" * PAYLOAD_BYTES}
-            for c in calls
+            {"type": "function_call_output", "call_id": call_id, "output": f"record {turn}: " + "x" * PAYLOAD_BYTES}
+            for call_id in call_ids
         ]
     return [{"role": "user", "content": f"Step {turn}: look up the next record."}]
+
+
+def _call_ids(output: list[Any]) -> list[str]:
+    return [item.call_id for item in output if item.type == "function_call"]
 
 
 async def http_loop(base_url: str, turns: int) -> dict[str, Any]:
@@ -85,8 +92,30 @@ async def http_loop(base_url: str, turns: int) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
             outputs.append([(item.type, getattr(item, "name", None)) for item in response.output])
             history += [item.model_dump(exclude_none=True) for item in response.output] + _follow_up(
-                response.output, turn
+                _call_ids(response.output), turn
             )
+        total = time.perf_counter() - start
+    return {"total_s": total, "turn_s": times, "outputs": outputs}
+
+
+async def raw_http_loop(base_url: str, turns: int) -> dict[str, Any]:
+    """`http_loop` without the SDK (`raw_clients.py`): each history item encoded once, the bodies joined."""
+    times, outputs = [], []
+    headers = {"authorization": "Bearer bench", "content-type": "application/json"}
+    async with httpx2.AsyncClient(base_url=base_url, headers=headers, timeout=120.0) as client:
+        encoded = [orjson.dumps({"role": "user", "content": "Look up record 0."})]
+        start = time.perf_counter()
+        for turn in range(turns):
+            t0 = time.perf_counter()
+            fields = orjson.dumps({"store": False, **_turn_fields(turn)})[:-1]
+            reply = await client.post("/responses", content=fields + b',"input":[' + b",".join(encoded) + b"]}")
+            reply.raise_for_status()
+            output = orjson.loads(reply.content)["output"]
+            times.append(time.perf_counter() - t0)
+            outputs.append([(item["type"], item.get("name")) for item in output])
+            call_ids = [item["call_id"] for item in output if item["type"] == "function_call"]
+            encoded += [orjson.dumps(without_none(item)) for item in output]
+            encoded += [orjson.dumps(item) for item in _follow_up(call_ids, turn)]
         total = time.perf_counter() - start
     return {"total_s": total, "turn_s": times, "outputs": outputs}
 
@@ -114,9 +143,12 @@ async def websocket_loop(base_url: str, turns: int) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
             outputs.append([(item.type, getattr(item, "name", None)) for item in response.output])
             previous = response.id
-            new_items = _follow_up(response.output, turn)
+            new_items = _follow_up(_call_ids(response.output), turn)
         total = time.perf_counter() - start
     return {"total_s": total, "turn_s": times, "outputs": outputs}
+
+
+LOOPS = {"http": http_loop, "raw_http": raw_http_loop, "websocket": websocket_loop}
 
 
 def run(
@@ -144,10 +176,10 @@ def run(
         ):
             settings = Settings(backend=llama.base_url, default_model=MODEL, usage_ledger="off")
             with BackgroundServer(create_app(settings), settings) as shim:
-                runs: dict[str, list[dict[str, Any]]] = {"http": [], "websocket": []}
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in LOOPS}
                 warmup_s: dict[str, float] = {}
                 for repeat in range(repeats + 1):
-                    for name, loop in (("http", http_loop), ("websocket", websocket_loop))[:: 1 if repeat % 2 else -1]:
+                    for name, loop in list(LOOPS.items())[:: 1 if repeat % 2 else -1]:
                         progress(f"agent-llama: {'warm-up' if repeat == 0 else f'repeat {repeat}/{repeats}'}: {name}")
                         shim_log.clear()
                         result = asyncio.run(loop(shim.base_url, turns))
@@ -198,7 +230,7 @@ def _in_shim_ms(lines: list[dict[str, Any]], turns: int, wait_s: float = 2.0) ->
 
 def analyse(runs: dict[str, list[dict[str, Any]]], turns: int, startup_s: float | None) -> dict[str, Any]:
     variants = {name: _variant(results) for name, results in runs.items()}
-    ratios = [ws["total_s"] / http["total_s"] for ws, http in zip(runs["websocket"], runs["http"], strict=True)]
+    ratios = _ratios(runs, "websocket", "http")
     return {
         "suite": "agent-llama",
         "status": "ok",
@@ -206,7 +238,12 @@ def analyse(runs: dict[str, list[dict[str, Any]]], turns: int, startup_s: float 
         "llama_startup_s": startup_s,
         "variants": variants,
         "same_outputs_http_websocket": runs["http"][0]["outputs"] == runs["websocket"][0]["outputs"],
+        "same_outputs_raw_http": runs["raw_http"][0]["outputs"] == runs["http"][0]["outputs"],
         "ratio_websocket_http_total": {"median": statistics.median(ratios), "n": len(ratios)},
+        "ratio_websocket_raw_http_total": {
+            "median": statistics.median(_ratios(runs, "websocket", "raw_http")),
+            "n": len(ratios),
+        },
         "notes": [
             "turn_ms: the client's time per turn; in_shim_ms: the shim's time for that response, from its start in the "
             "shim to its end (the llama.cpp server's work and the shim's stages); outside_ms = turn_ms - in_shim_ms "
@@ -214,6 +251,11 @@ def analyse(runs: dict[str, list[dict[str, Any]]], turns: int, startup_s: float 
             "the order of the two paths alternates per repeat; repeat 0 is a warm-up and not counted",
         ],
     }
+
+
+def _ratios(runs: dict[str, list[dict[str, Any]]], num: str, den: str) -> list[float]:
+    """End-to-end time of `num` over `den`, paired per repeat."""
+    return [a["total_s"] / b["total_s"] for a, b in zip(runs[num], runs[den], strict=True)]
 
 
 def _variant(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -263,5 +305,8 @@ def table(result: dict[str, Any]) -> str:
             f"  ratio websocket / http end-to-end time: median {fmt(ratio['median'], 3)} "
             f"(faster by {fmt(100 * (1 - ratio['median']), 1)}%, n={ratio['n']}); "
             f"same outputs over both: {result['same_outputs_http_websocket']}",
+            f"  ratio websocket / raw_http (no SDK: items encoded once) end-to-end time: median "
+            f"{fmt(result['ratio_websocket_raw_http_total']['median'], 3)}; raw_http gave the same outputs as "
+            f"http: {result['same_outputs_raw_http']}",
         ]
     )

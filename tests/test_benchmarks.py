@@ -139,6 +139,8 @@ def test_agent_llama_results_are_well_formed(quick_run: tuple[Path, subprocess.C
     assert result["same_outputs_http_websocket"] is True
     assert result["ratio_websocket_http_total"]["median"] > 0
     assert result["config"]["llama_threads"] == 1
+    assert set(result["variants"]) == {"http", "raw_http", "websocket"}
+    assert result["same_outputs_raw_http"] is True
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs the llama extra")
