@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -104,10 +104,12 @@ def completion(chat: ChatRequest, responses: list[Json]) -> Json:
     answer = completion_from_response(responses[0])
     answer["id"] = new_id("chatcmpl")
     choices = []
+    ids = DistinctCallIds()
     for index, response in enumerate(responses):
         choice = completion_from_response(response)["choices"][0]
         choice["index"] = index
         message = choice["message"]
+        ids.fix(index, message.get("tool_calls") or [])
         stop = StopText(chat.stops)
         if message["content"] is not None:
             message["content"] = stop.feed(message["content"]) + stop.flush()
@@ -130,6 +132,7 @@ async def _sse(chat: ChatRequest, turns: list[Turn], shim: ShimState) -> AsyncIt
     choices = [_choice(chat, turn, index, shim) for index, turn in enumerate(turns)]
     usages: list[Json | None] = []
     usage_chunk: Json = {}
+    ids = DistinctCallIds()
     try:
         async with contextlib.aclosing(interleaved(choices)) as chunks:
             async for chunk in chunks:
@@ -142,6 +145,8 @@ async def _sse(chat: ChatRequest, turns: list[Turn], shim: ShimState) -> AsyncIt
                     usages.append(chunk["usage"])
                     usage_chunk = chunk
                     continue
+                choice = chunk["choices"][0]
+                ids.fix(choice["index"], choice["delta"].get("tool_calls") or [])
                 yield _frame(chunk)
                 await asyncio.sleep(0)  # let a dropped client be noticed (see http._sse)
             else:
@@ -217,6 +222,22 @@ def _summed(usages: list[Json | None]) -> Json | None:
         total["completion_tokens"] += usage["completion_tokens"]
     total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     return total
+
+
+@dataclass
+class DistinctCallIds:
+    """Tool-call ids unique across a request's choices. A deterministic backend (the simulator) gives
+    every choice the same id for the same call, and a client answering calls of two choices could
+    not tell them apart: an id an earlier choice has gets `_<choice index>` appended."""
+
+    owners: dict[str, int] = field(default_factory=dict)
+
+    def fix(self, index: int, calls: list[Json]) -> None:
+        for call in calls:
+            if call.get("id") is None:  # a streamed call's later chunks carry only its arguments
+                continue
+            if self.owners.setdefault(call["id"], index) != index:
+                call["id"] = f"{call['id']}_{index}"
 
 
 @dataclass

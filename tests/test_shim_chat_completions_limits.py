@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from openai import OpenAI
 from support.chat_server import ChatServer, text_reply
 from support.wire import API_KEY, MODEL
+from test_shim_chat_completions import LOOKUP
 from test_shim_disconnect import metered_fast  # noqa: F401  (fixture)
 
 from server_shim.chat_http import StopText, interleaved
@@ -185,3 +186,17 @@ def test_n_choices_with_a_seed_get_a_seed_each(make_server: Any, chat_server: Ch
 def sdk(server: Any) -> Any:
     with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as client:
         yield client
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+def test_n_choices_calling_a_tool_get_distinct_call_ids(sdk: OpenAI, stream: bool) -> None:
+    """The simulator makes the same call, with the same id, in every choice: the ids the client gets differ."""
+    fields: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": 'call lookup {"n": 2}'}]}
+    fields.update(n=3, tools=[LOOKUP], stream=stream)
+    if stream:
+        chunks = list(sdk.chat.completions.create(**fields))
+        ids = [call.id for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or () if call.id]
+    else:
+        answer = sdk.chat.completions.create(**fields)
+        ids = [call.id for choice in answer.choices for call in choice.message.tool_calls or ()]
+    assert len(ids) == 3 and len(set(ids)) == 3 and all(i.startswith("call_sim_") for i in ids)
