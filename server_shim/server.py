@@ -29,7 +29,7 @@ from .config import ShimConfig
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
-from .trim import freeze_startup_heap
+from .trim import allocator_line, freeze_startup_heap
 from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
 
 FORCE_CLOSE_GRACE_S = 5.0
@@ -316,6 +316,7 @@ def startup_summary(loaded: Loaded, port: int, workers: int = 1) -> list[str]:
         lines.append(f"deployment {d.name!r} ({d.kind}{target}) serves models {models} [{source}]")
     keys = len(loaded.keys)
     lines.append(f"auth on: {keys} api key(s)" if keys else "auth off: no api key is required")
+    lines.append(allocator_line(os.environ.get("PYTHONMALLOC")))
     return lines
 
 

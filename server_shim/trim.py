@@ -43,6 +43,18 @@ def freeze_startup_heap() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def allocator_line(pythonmalloc: str | None) -> str:
+    """The start-up line on memory after bursts, from the `PYTHONMALLOC` the process started with.
+
+    With Python's own allocator (pymalloc) the RSS of a burst of clients mostly stays after they
+    leave: a few long-lived values updated during the burst pin its arenas. The C allocator's free
+    pages go back with the trim (README, "Load").
+    """
+    if (pythonmalloc or "").startswith("malloc"):
+        return "memory: PYTHONMALLOC=malloc: memory freed after a burst of clients goes back to the system"
+    return "memory: Python's allocator keeps most of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
+
+
 GC_SHARE = 0.01
 """At most this share of the process's time goes to the after-burst collections: one that took
 20 ms waits at least 2 s before the next, so a server with many cached objects and steady

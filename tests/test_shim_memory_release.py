@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.health import TokenWindow
 from server_shim.server import ShimWebSocketProtocol
-from server_shim.trim import GC_SHARE, Trimmer, next_allowed, trim_at
+from server_shim.trim import GC_SHARE, Trimmer, allocator_line, next_allowed, trim_at
 
 
 @contextlib.contextmanager
@@ -91,3 +91,9 @@ def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pas
     assert len(window._counts) == 60
     assert window.total(now=999.99) == 60 * 100 * 3
     assert window.total(now=2_000.0) == 0
+
+
+def test_the_start_up_line_on_memory_names_the_allocator_in_use():
+    assert "PYTHONMALLOC=malloc gives it back" in allocator_line(None)
+    assert "PYTHONMALLOC=malloc gives it back" in allocator_line("pymalloc")
+    assert "goes back to the system" in allocator_line("malloc")
