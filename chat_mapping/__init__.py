@@ -7,7 +7,7 @@ exists), `replies` maps a Responses answer and its stream events back to `ChatCo
 serve `POST /v1/chat/completions` from the same turn pipeline as `POST /v1/responses`.
 """
 
-from .messages import Unmapped, as_dict, message_items, messages_to_items, tool, tool_choice
+from .messages import Malformed, Unmapped, as_dict, message_items, messages_to_items, tool, tool_choice
 from .replies import (
     ChunkStream,
     answer_message,
@@ -20,6 +20,7 @@ from .replies import (
 
 __all__ = [
     "ChunkStream",
+    "Malformed",
     "Unmapped",
     "answer_message",
     "as_dict",

@@ -1,8 +1,10 @@
 """Chat messages and tools as Responses input items and tools. No I/O.
 
 Each mapping says the same thing in the other API or raises `Unmapped` naming what it cannot
-say (an audio part, a custom tool, an assistant refusal): the client then leaves the call on
-HTTP, the server answers 400.
+say (an audio part, a custom tool): the client then leaves the call on HTTP, the server answers
+400. `Malformed`, an `Unmapped`, is a message the Chat Completions API itself refuses (a part's
+`text` not a string): the client leaves it to HTTP too (the API's own 400), the server answers
+400 `invalid_type` naming the field.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ class Unmapped(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Malformed(Unmapped):
+    """Not what the Chat Completions API accepts; `where` is the field, within the message or tool."""
+
+    def __init__(self, reason: str, where: str) -> None:
+        super().__init__(reason)
+        self.where = where
 
 
 def tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,12 +94,20 @@ def message_items(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _assistant_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    for unsupported in ("audio", "function_call", "refusal"):
+    for unsupported in ("audio", "function_call"):
         if message.get(unsupported):
             raise Unmapped(f"assistant {unsupported}")
     items: list[dict[str, Any]] = []
     text = _text_only(message.get("content"))
-    if text:
+    refusal = message.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise Malformed("'refusal' must be a string", "refusal")
+    if refusal:  # the model's refusal: a `refusal` part of its message, as a Response's output has it
+        parts = [{"type": "output_text", "text": text}] if text else []
+        items.append(
+            {"type": "message", "role": "assistant", "content": [*parts, {"type": "refusal", "refusal": refusal}]}
+        )
+    elif text:
         items.append({"type": "message", "role": "assistant", "content": text})
     for call in message.get("tool_calls") or ():
         if call.get("type", "function") != "function":
@@ -109,17 +127,17 @@ def _assistant_items(message: dict[str, Any]) -> list[dict[str, Any]]:
 def _plain_content(content: Any, part_type: str) -> Any:
     if isinstance(content, str) or content is None:
         return content or ""
-    return [{"type": part_type, "text": _part_text(part)} for part in content]
+    return [{"type": part_type, "text": _part_text(part, index)} for index, part in enumerate(_parts(content))]
 
 
 def _user_content(content: Any) -> Any:
     if isinstance(content, str) or content is None:
         return content or ""
     parts = []
-    for part in content:
+    for index, part in enumerate(_parts(content)):
         kind = part.get("type")
         if kind == "text":
-            parts.append({"type": "input_text", "text": part["text"]})
+            parts.append({"type": "input_text", "text": _part_text(part, index)})
         elif kind == "image_url":
             image = part["image_url"]
             parts.append({"type": "input_image", "image_url": image["url"], "detail": image.get("detail") or "auto"})
@@ -133,10 +151,20 @@ def _user_content(content: Any) -> Any:
 def _text_only(content: Any) -> str:
     if isinstance(content, str) or content is None:
         return content or ""
-    return "".join(_part_text(part) for part in content)
+    return "".join(_part_text(part, index) for index, part in enumerate(_parts(content)))
 
 
-def _part_text(part: Any) -> str:
+def _parts(content: Any) -> list[Any]:
+    if not isinstance(content, list):
+        raise Malformed("'content' must be a string or an array of content parts", "content")
+    return content
+
+
+def _part_text(part: Any, index: int) -> str:
+    if not isinstance(part, Mapping):
+        raise Malformed("a content part must be an object", f"content[{index}]")
     if part.get("type") != "text":
         raise Unmapped(f"{part.get('type')} content in a text-only message")
-    return str(part["text"])
+    if not isinstance(part.get("text"), str):
+        raise Malformed("a text part's 'text' must be a string", f"content[{index}].text")
+    return part["text"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
-from chat_mapping import Unmapped, message_items, tool, tool_choice
+from chat_mapping import Malformed, Unmapped, message_items, tool, tool_choice
 
 from .errors import APIError, invalid
 from .limits import RequestLimits
@@ -219,6 +219,9 @@ def _mapped(mapping: Any, value: Any, param: str) -> Any:
     """`mapping(value)`, a malformed or unsupported value a 400 naming `param`."""
     try:
         return mapping(value)
+    except Malformed as bad:
+        where = f"{param}.{bad.where}"
+        raise invalid("invalid_type", f"Invalid type for '{where}': {bad.reason}.", where) from None
     except Unmapped as refused:
         raise invalid(
             "unsupported_value", f"'{param}': {refused.reason} are not supported by this server.", param

@@ -200,3 +200,28 @@ def test_n_choices_calling_a_tool_get_distinct_call_ids(sdk: OpenAI, stream: boo
         answer = sdk.chat.completions.create(**fields)
         ids = [call.id for choice in answer.choices for call in choice.message.tool_calls or ()]
     assert len(ids) == 3 and len(set(ids)) == 3 and all(i.startswith("call_sim_") for i in ids)
+
+
+def test_an_assistant_refusal_in_the_history_is_its_refusal_part(server: Any, sdk: OpenAI, recorder: Any) -> None:
+    messages: list[Any] = [
+        {"role": "user", "content": "something forbidden"},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "user", "content": "then say hello"},
+    ]
+    assert sdk.chat.completions.create(model=MODEL, messages=messages).choices[0].message.content
+    refused = [item for item in recorder.calls[-1].items if item.get("role") == "assistant"]
+    assert refused == [
+        {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}
+    ]
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "assistant", "tool", "user"])
+@pytest.mark.parametrize("text", [None, {"a": 1}, 3], ids=["null", "object", "number"])
+def test_a_text_part_whose_text_is_not_a_string_is_a_400_naming_it(sdk: OpenAI, role: str, text: Any) -> None:
+    message: dict[str, Any] = {"role": role, "content": [{"type": "text", "text": text}]}
+    if role == "tool":
+        message["tool_call_id"] = "call_1"
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.post("/chat/completions", body={"model": MODEL, "messages": [message]}, cast_to=dict)
+    assert refused.value.code == "invalid_type" and refused.value.param == "messages[0].content[0].text"
+    assert sdk.chat.completions.create(model=MODEL, messages=HI).choices  # type: ignore[arg-type]
