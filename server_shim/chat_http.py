@@ -58,7 +58,7 @@ async def create_chat_completion(request: Request) -> Response:
     except Exception as exc:
         shim.limiter.release(turns[0].tenant, len(turns))
         if isinstance(exc, APIError):
-            return error_response(exc)
+            return error_response(chat.chat_error(exc))
         log.exception("chat request refused by an unexpected error")
         return error_response(internal_error())
     if chat.stream:

@@ -15,8 +15,9 @@ backend gives them. A message's `name` is accepted and ignored; audio, legacy `f
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
@@ -75,7 +76,7 @@ class ChatBody(BaseModel):
     frequency_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
     presence_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
     seed: StrictInt | None = None
-    logit_bias: dict[str, StrictInt] | None = None
+    logit_bias: dict[str, Annotated[StrictInt, Field(ge=-100, le=100)]] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
@@ -112,6 +113,8 @@ class ChatRequest:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    owners: tuple[str, ...] = ()
+    """For each input item, the chat path it came from (`messages[2]`, `messages[2].tool_calls[0]`)."""
 
     def choice(self, index: int) -> CreateRequest:
         """The turn request of choice `index`. With a `seed`, choice i gets `seed + i`: one seed for
@@ -123,24 +126,29 @@ class ChatRequest:
         create.chat_only = {**self.create.chat_only, "seed": seed + index}
         return create
 
+    def chat_error(self, error: APIError) -> APIError:
+        """`error` (raised on the Responses request: parsing, `turn.prepare()`) naming the chat parameter."""
+        return chat_error(error, self.owners)
+
 
 def parse_chat(body: dict[str, Any], limits: RequestLimits) -> ChatRequest:
     """Validate a chat body and say it as a Responses request; errors name the chat parameter."""
     try:
         chat = ChatBody.model_validate(body)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise _chat_validation_error(exc) from None
     for name, what in UNSUPPORTED.items():
         if getattr(chat, "model_extra", {}).get(name) is not None:
             raise invalid("unsupported_parameter", f"'{name}' ({what}) is not supported by this server.", name)
     if any(modality != "text" for modality in chat.modalities or ()):
         raise invalid("unsupported_parameter", "Only the 'text' modality is supported by this server.", "modalities")
-    fields = _responses_fields(chat)
+    items, owners = messages_input(chat.messages)
+    fields = _responses_fields(chat, items)
     try:
         create = parse_create(fields, websocket=False, limits=limits)
     except APIError as error:
-        error.param = _chat_param(error.param)
-        raise
+        raise chat_error(error, owners) from None
+    _check_tool_names(fields.get("tools") or [])
     create.chat_only = {name: getattr(chat, name) for name in CHAT_ONLY if getattr(chat, name) is not None}
     stream = chat.stream is True
     return ChatRequest(
@@ -149,11 +157,24 @@ def parse_chat(body: dict[str, Any], limits: RequestLimits) -> ChatRequest:
         stops=(chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ()),
         stream=stream,
         include_usage=stream and (chat.stream_options or {}).get("include_usage") is True,
+        owners=owners,
     )
 
 
-def _responses_fields(chat: ChatBody) -> dict[str, Any]:
-    fields: dict[str, Any] = {"model": chat.model, "input": messages_input(chat.messages), "store": False}
+def _chat_validation_error(exc: ValidationError) -> APIError:
+    """pydantic's error, its location said as the chat parameter: `tools[0]`, never `stop.str`
+    (a union member), `tools.0` or `logit_bias.1` (a key)."""
+    error = validation_error(exc)
+    loc = exc.errors()[0]["loc"]
+    if loc:
+        param = str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+        error.message = error.message.replace(f"'{error.param}'", f"'{param}'")
+        error.param = param
+    return error
+
+
+def _responses_fields(chat: ChatBody, items: list[dict[str, Any]]) -> dict[str, Any]:
+    fields: dict[str, Any] = {"model": chat.model, "input": items, "store": False}
     for name in SAME_NAME:
         if getattr(chat, name) is not None:
             fields[name] = getattr(chat, name)
@@ -197,9 +218,27 @@ def _text(chat: ChatBody) -> dict[str, Any]:
     return text
 
 
-def messages_input(messages: list[Any]) -> list[dict[str, Any]]:
-    """The messages as Responses input items; a message that cannot be read is a 400 naming it."""
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""As OpenAI: a function's name is 1-64 letters, digits, underscores and dashes."""
+
+
+def _check_tool_names(tools: list[dict[str, Any]]) -> None:
+    seen: set[str] = set()
+    for index, function in enumerate(tools):
+        name, param = function.get("name"), f"tools[{index}].function.name"
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            message = f"Invalid '{param}': a function name is 1-64 characters of a-z, A-Z, 0-9, '_' and '-'."
+            raise invalid("invalid_value", message, param)
+        if name in seen:
+            raise invalid("invalid_value", f"Invalid '{param}': another tool is already named '{name}'.", param)
+        seen.add(name)
+
+
+def messages_input(messages: list[Any]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The messages as Responses input items, and the chat path each item came from; a message that
+    cannot be read is a 400 naming it."""
     items: list[dict[str, Any]] = []
+    owners: list[str] = []
     for index, message in enumerate(messages):
         param = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -211,8 +250,13 @@ def messages_input(messages: list[Any]) -> list[dict[str, Any]]:
             raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.tool_call_id'.", param)
         if role != "tool":
             message = {k: v for k, v in message.items() if k != "name"}  # a participant name: no Responses field
-        items.extend(_mapped(message_items, message, param))
-    return items
+        said = _mapped(message_items, message, param)
+        items.extend(said)
+        calls = 0
+        for item in said:
+            owners.append(f"{param}.tool_calls[{calls}]" if item["type"] == "function_call" else param)
+            calls += item["type"] == "function_call"
+    return items, tuple(owners)
 
 
 def _mapped(mapping: Any, value: Any, param: str) -> Any:
@@ -236,13 +280,46 @@ def _mapped(mapping: Any, value: Any, param: str) -> Any:
         ) from None
 
 
-_CHAT_NAMES = {"input": "messages", "max_output_tokens": "max_tokens", "reasoning.effort": "reasoning_effort"}
+_CHAT_NAMES = {
+    "max_output_tokens": "max_tokens",
+    "reasoning.effort": "reasoning_effort",
+    "reasoning": "reasoning_effort",
+}
+_ITEM = re.compile(r"input\[(\d+)\](.*)")
+_ITEM_FIELDS = {"name": "function.name", "arguments": "function.arguments", "output": "content"}
+"""An input item's field, as the chat message (or its tool call) has it."""
 
 
-def _chat_param(param: str | None) -> str | None:
-    """A Responses parameter name, as the chat request called it."""
+def chat_error(error: APIError, owners: tuple[str, ...]) -> APIError:
+    """`error` with its Responses parameter said as the chat request called it, in `param` and in the message."""
+    param = chat_param(error.param, owners)
+    if error.param is not None and param != error.param:
+        error.message = error.message.replace(f"'{error.param}'", f"'{param}'").replace("'text'", "'response_format'")
+        error.param = param
+    return error
+
+
+def chat_param(param: str | None, owners: tuple[str, ...] = ()) -> str | None:
+    """A Responses parameter name, as the chat request called it: `input[3].content[0].text` is
+    `messages[2].content[0].text` when item 3 came from message 2, `input[4].arguments` is
+    `messages[2].tool_calls[0].function.arguments`, `tools[0].parameters` is
+    `tools[0].function.parameters`, `text.format...` is `response_format`."""
     if param is None:
         return None
+    item = _ITEM.fullmatch(param)
+    if item is not None:
+        index, rest = int(item.group(1)), item.group(2)
+        if index >= len(owners):
+            return "messages"
+        owner = owners[index]
+        field = rest.lstrip(".").split(".")[0].split("[")[0]
+        if field == "call_id":
+            return owner + (".id" if ".tool_calls[" in owner else ".tool_call_id")
+        renamed = _ITEM_FIELDS.get(field)
+        return owner + (rest if field == "content" else f".{renamed}" if renamed else "")
+    tool = re.fullmatch(r"(tools\[\d+\])\.(name|description|parameters|strict)(.*)", param)
+    if tool is not None:
+        return f"{tool.group(1)}.function.{tool.group(2)}{tool.group(3)}"
     head = param.split("[")[0]
     if head == "input":
         return "messages"

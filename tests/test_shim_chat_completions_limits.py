@@ -225,3 +225,56 @@ def test_a_text_part_whose_text_is_not_a_string_is_a_400_naming_it(sdk: OpenAI, 
         sdk.post("/chat/completions", body={"model": MODEL, "messages": [message]}, cast_to=dict)
     assert refused.value.code == "invalid_type" and refused.value.param == "messages[0].content[0].text"
     assert sdk.chat.completions.create(model=MODEL, messages=HI).choices  # type: ignore[arg-type]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+FUNCTION = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"stop": 3}, "stop", "invalid_value"),
+        ({"tool_choice": 3}, "tool_choice", "invalid_value"),
+        ({"tools": ["lookup"]}, "tools[0]", "invalid_value"),
+        ({"logit_bias": {"42": "up"}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"42": 101}}, "logit_bias", "invalid_value"),
+        ({"logit_bias": {"42": -101}}, "logit_bias", "invalid_value"),
+        ({"tools": [FUNCTION, FUNCTION]}, "tools[1].function.name", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools[0].function.name", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "look up"}}]}, "tools[0].function.name", "invalid_value"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]},
+            "tools[0].function.parameters",
+            "invalid_value",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "response_format",
+            "invalid_value",
+        ),
+        (
+            {
+                "messages": [
+                    *HI,
+                    {"role": "assistant", "tool_calls": [CALL, {**CALL, "function": {"name": 3, "arguments": "{}"}}]},
+                ]
+            },
+            "messages[1].tool_calls[1].function.name",
+            "invalid_type",
+        ),
+        (
+            {"messages": [*HI, {"role": "tool", "tool_call_id": "nope", "content": "r"}]},
+            "messages[1].tool_call_id",
+            "tool_output_without_call",
+        ),
+    ],
+)
+def test_a_400_names_the_chat_parameter_not_the_responses_one(
+    sdk: OpenAI, fields: dict[str, Any], param: str, code: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.post("/chat/completions", body={"model": MODEL, "messages": HI, **fields}, cast_to=dict)
+    assert refused.value.param == param and refused.value.code == code
+    assert "input[" not in refused.value.message and "'text'" not in refused.value.message
+    assert sdk.chat.completions.create(model=MODEL, messages=HI).choices  # type: ignore[arg-type]
