@@ -51,17 +51,6 @@ FAILED = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.
 SERVERS = ("floor", "shim")
 
 
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds of one process, all threads, from schedstat (ns); /proc/PID/stat ticks if unreadable."""
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            total += int((task / "schedstat").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return cpu_seconds(pid, tree=False)
-    return total / 1e9
-
-
 class Frames:
     """Pre-encoded `response.create` frames: only the previous response id is spliced in."""
 
@@ -111,13 +100,13 @@ async def measure(url: str, pid: int, frames: Frames, connections: int, turns: i
     start = asyncio.Event()
     chains = [asyncio.create_task(_chain(url, frames, turns, start)) for _ in range(connections)]
     await asyncio.sleep(0.2)  # let every connection open before the clock starts
-    cpu0, client0, wall0 = server_cpu_s(pid), _client_cpu(), perf()
+    cpu0, client0, wall0 = cpu_seconds(pid, tree=False), _client_cpu(), perf()
     start.set()
     await bounded(asyncio.gather(*chains), 120, "the turns")
     wall, client = perf() - wall0, _client_cpu() - client0
     count = connections * turns
     return {
-        "server_cpu_ms_per_turn": (server_cpu_s(pid) - cpu0) * 1000 / count,
+        "server_cpu_ms_per_turn": (cpu_seconds(pid, tree=False) - cpu0) * 1000 / count,
         "turns_per_s": count / wall,
         "client_cpu_ms_per_turn": client * 1000 / count,
     }
