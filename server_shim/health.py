@@ -54,6 +54,12 @@ class Health:
     def rate_limited(self, retry_after_s: float, now: float) -> None:
         self.limited_until = max(self.limited_until, now + retry_after_s)
 
+    def why_resting(self, now: float) -> str:
+        """Why `available` refuses it now: `breaker open after 3 faults, retry after 29.5 s`, or a 429's pause."""
+        if now < self.open_until:
+            return f"breaker open after {self.consecutive_failures} faults, retry after {self.open_until - now:.1f} s"
+        return f"rate limited by the backend, retry after {self.limited_until - now:.1f} s"
+
     def _ewma(self, current: float | None, sample: float) -> float:
         return sample if current is None else self.alpha * sample + (1 - self.alpha) * current
 

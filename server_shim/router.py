@@ -175,6 +175,11 @@ class Router:
         return usable + rest
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
+        """The first candidate's deltas; one that fails before its first delta hands over to the next.
+
+        One generator between the deadlines and the turn: the per-delta bookkeeping (first token,
+        pieces, token window) is done here rather than in a layer of its own.
+        """
         candidates = self.candidates(request.model, request.deployment)
         first = next(candidates, None)
         if request.stages is not None:
@@ -190,19 +195,36 @@ class Router:
             previous = deployment
             started = False
             carry = request.carry if deployment.name == request.deployment else {}
+            deployment.in_flight += 1
+            start = self.clock()
+            first_at: float | None = None
+            pieces = 0
             try:
-                async for delta in self._stream_one(deployment, _routed(request, deployment, carry)):
-                    if isinstance(delta, Carry):
+                routed = _routed(request, deployment, carry)
+                async for delta in within(deployment.backend.stream(routed), deployment.deadlines, self.clock):
+                    if isinstance(delta, (TextDelta, ToolCallDelta)):
+                        pieces += 1
+                        if first_at is None:
+                            first_at = self.clock()
+                    elif isinstance(delta, Usage):
+                        deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
+                    elif isinstance(delta, Carry):
                         carry = delta.values
                         continue
                     started = True
                     yield delta
-                yield Routed(deployment.name, carry)
-                return
             except BackendError as exc:
+                self._fault(deployment, exc)
                 last_error = exc
                 if started or not exc.retryable:
                     raise
+                continue
+            finally:
+                deployment.in_flight -= 1
+                self._publish(deployment)
+            self._succeeded(deployment, start, first_at, pieces)
+            yield Routed(deployment.name, carry)
+            return
         assert last_error is not None
         raise last_error
 
@@ -214,36 +236,21 @@ class Router:
             return BackendError(
                 f"no available deployment serves model {alias!r}", status=503, retryable=False, public=True
             )
-        reasons = [_why_resting(d, now) for d in resting]
+        reasons = [f"deployment {d.name!r} unavailable: {d.health.why_resting(now)}" for d in resting]
         wait = min(max(d.health.open_until, d.health.limited_until) - now for d in resting)
         return BackendError(
             "; ".join(reasons), status=503, retryable=False, public=True, retry_after_s=max(1.0, round(wait, 1))
         )
 
-    async def _stream_one(self, deployment: Deployment, routed: BackendRequest) -> AsyncGenerator[Delta, None]:
-        deployment.in_flight += 1
-        start = self.clock()
-        first: float | None = None
-        pieces = 0
-        try:
-            async for delta in within(deployment.backend.stream(routed), deployment.deadlines, self.clock):
-                if isinstance(delta, (TextDelta, ToolCallDelta)):
-                    pieces += 1
-                    if first is None:
-                        first = self.clock()
-                elif isinstance(delta, Usage):
-                    deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
-                yield delta
-        except BackendError as exc:
-            exc.deployment = exc.deployment or deployment.name
-            if exc.status == 429:
-                deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s, self.clock())
-            elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
-                deployment.health.failure(self.clock())
-            raise
-        finally:
-            deployment.in_flight -= 1
-            self._publish(deployment)
+    def _fault(self, deployment: Deployment, exc: BackendError) -> None:
+        """A failed stream: named after its deployment, and counted against it when it is the backend's fault."""
+        exc.deployment = exc.deployment or deployment.name
+        if exc.status == 429:
+            deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s, self.clock())
+        elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
+            deployment.health.failure(self.clock())
+
+    def _succeeded(self, deployment: Deployment, start: float, first: float | None, pieces: int) -> None:
         end = self.clock()
         ttft = (first - start) if first is not None else None
         tps = pieces / (end - first) if first is not None and end > first and pieces > 1 else None
@@ -384,16 +391,3 @@ def _routed(request: BackendRequest, deployment: Deployment, carry: Mapping[str,
     if model == request.model and (carry is request.carry or not (carry or request.carry)):
         return request
     return replace(request, model=model, carry=carry)
-
-
-def _why_resting(deployment: Deployment, now: float) -> str:
-    """`deployment 'x' unavailable: breaker open after 3 faults, retry after 29.5 s` (no address, no URL).
-
-    Only for a deployment `Health.available` refuses: its breaker is open or the backend said 429.
-    """
-    health = deployment.health
-    if now < health.open_until:
-        why = f"breaker open after {health.consecutive_failures} faults, retry after {health.open_until - now:.1f} s"
-    else:
-        why = f"rate limited by the backend, retry after {health.limited_until - now:.1f} s"
-    return f"deployment {deployment.name!r} unavailable: {why}"

@@ -205,10 +205,23 @@ def _chat_names(ref: dict[str, Any], tools: ChatTools) -> list[str]:
     return []
 
 
-async def restore_calls(
-    deltas: AsyncIterator[Delta], tools: ChatTools, max_calls: int | None = None
+def restore_calls(
+    deltas: AsyncGenerator[Delta, None], tools: ChatTools, max_calls: int | None = None
 ) -> AsyncGenerator[Delta, None]:
     """Backend deltas with each call mapped back to its Responses tool, and at most `max_calls` calls.
+
+    `deltas` itself when there is nothing to map back or to limit (plain functions, no
+    `max_tool_calls`): no generator layer between the backend and the turn for each delta.
+    """
+    if max_calls is None and all(o.namespace is None and not o.custom for o in tools.origins.values()):
+        return deltas
+    return _restored(deltas, tools, max_calls)
+
+
+async def _restored(
+    deltas: AsyncIterator[Delta], tools: ChatTools, max_calls: int | None
+) -> AsyncGenerator[Delta, None]:
+    """`restore_calls` when there is something to restore.
 
     A namespaced function's pieces get the member's name and namespace. A custom tool's call is
     held until the stream finishes, then yielded whole with its `input` text as the arguments,
