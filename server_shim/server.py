@@ -30,7 +30,8 @@ from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
 from .trim import allocator_line, freeze_startup_heap
-from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION, too_large_error
+from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION
+from .ws_frames import too_large_error
 
 FORCE_CLOSE_GRACE_S = 5.0
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -21,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import metrics, tracing
 from .admission import QueueBound
 from .backends.base import ConnectionScoped
-from .errors import APIError, internal_error, invalid, previous_response_in_progress
+from .errors import APIError, internal_error, previous_response_in_progress
 from .events import new_id
 from .items import normalize_input
 from .limits import is_large
@@ -30,6 +31,7 @@ from .state import ConnectionCache
 from .steer import Steer, Steering, SteerSlot, steered_input
 from .tenants import scope_tenant
 from .turn import Turn
+from .ws_frames import age_limit_error, decode_frame, frame_nbytes, idle_error, lane_of, too_large_error, with_lane
 
 if TYPE_CHECKING:
     from .app import ShimState
@@ -53,8 +55,9 @@ class ConnectionState(enum.Enum):
 
 @dataclass
 class _Lane:
-    queue: asyncio.Queue[tuple[CreateRequest | APIError, int]] = field(default_factory=asyncio.Queue)
-    """Each request with the size of the frame it came in, for the connection's `QueueBound`."""
+    queue: deque[tuple[CreateRequest | APIError, int]] = field(default_factory=deque)
+    """Each request with the size of the frame it came in, for the connection's `QueueBound` (a plain
+    deque: the worker drains it and ends, nothing waits on it)."""
     worker: asyncio.Task[None] | None = None
 
 
@@ -89,7 +92,7 @@ class ResponsesConnection:
     async def run(self) -> None:
         await self.websocket.accept()
         age_limit = asyncio.get_running_loop().call_later(
-            self.settings.connection_max_age_s, self._start_close, CLOSE_GOING_AWAY, _age_limit_error()
+            self.settings.connection_max_age_s, self._start_close, CLOSE_GOING_AWAY, age_limit_error()
         )
         try:
             await self._receive_loop()
@@ -116,14 +119,14 @@ class ResponsesConnection:
                 return
             text = message.get("text")
             data = text if text is not None else message.get("bytes") or b""
-            size = _nbytes(data)
+            size = frame_nbytes(data)
             self.shim.stats.bytes_received += size
             metrics.BYTES_RECEIVED.labels("websocket").inc(size)
             if size > self.settings.max_frame_bytes:
                 self._start_close(CLOSE_MESSAGE_TOO_BIG, too_large_error(self.settings.max_frame_bytes))
                 continue
             if self.state is ConnectionState.DRAINING:
-                await self.send(_with_lane(self._closing_error.event(), _lane_of(data)))
+                await self.send(with_lane(self._closing_error.event(), lane_of(data)))
                 continue
             await self._handle_frame(data, size)
 
@@ -131,7 +134,7 @@ class ResponsesConnection:
         stream_id = None
         request: CreateRequest | APIError
         try:
-            body = _decode(data)
+            body = decode_frame(data)
             if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
                 await self.send(self.steering.submit(body))
                 return
@@ -150,11 +153,11 @@ class ResponsesConnection:
                     f"At most {self.settings.max_lanes} stream_id lanes may be active on one connection.",
                     "stream_id",
                 )
-                await self.send(_with_lane(limit.event(), stream_id))
+                await self.send(with_lane(limit.event(), stream_id))
                 return
             lane = self._lanes[stream_id] = _Lane()
             metrics.LANES.inc()
-        lane.queue.put_nowait((request, size))
+        lane.queue.append((request, size))
         self.queued.add(size)
         if self.queued.full:
             self._room.clear()
@@ -164,19 +167,19 @@ class ResponsesConnection:
     async def _run_lane(self, stream_id: str | None, lane: _Lane) -> None:
         """Run the lane's requests in order; the lane goes away when its queue is empty."""
         try:
-            while not lane.queue.empty():
-                request, size = lane.queue.get_nowait()
+            while lane.queue:
+                request, size = lane.queue.popleft()
                 self._dequeued(size)
                 if isinstance(request, APIError):
-                    await self.send(_with_lane(request.event(), stream_id))
+                    await self.send(with_lane(request.event(), stream_id))
                     continue
                 async with self._in_flight:
                     await self._run_turn(request, stream_id)
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
-            while not lane.queue.empty():
-                self._dequeued(lane.queue.get_nowait()[1])
+            while lane.queue:
+                self._dequeued(lane.queue.popleft()[1])
             if self._lanes.get(stream_id) is lane:
                 del self._lanes[stream_id]
                 metrics.LANES.dec()
@@ -204,7 +207,7 @@ class ResponsesConnection:
         elif self._lanes:
             self._arm_idle_timer()
         else:
-            self._start_close(CLOSE_GOING_AWAY, _idle_error(self.settings.idle_timeout_s))
+            self._start_close(CLOSE_GOING_AWAY, idle_error(self.settings.idle_timeout_s))
 
     async def _run_turn(
         self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
@@ -212,11 +215,11 @@ class ResponsesConnection:
         """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
         parent = request.previous_response_id
         if parent is not None and parent in self.steering.active and parent not in self.cache:
-            await self.send(_with_lane(previous_response_in_progress(parent).event(), stream_id))
+            await self.send(with_lane(previous_response_in_progress(parent).event(), stream_id))
             return
         refusal = self.shim.limiter.acquire(self.tenant, self.shim.clock())
         if refusal is not None:
-            await self.send(_with_lane(refusal.api_error().event(), stream_id))
+            await self.send(with_lane(refusal.api_error().event(), stream_id))
             return
         try:
             turn, slot = await self._stream_turn(request, stream_id, successor_of)
@@ -242,17 +245,18 @@ class ResponsesConnection:
                 async for event in events:
                     if slot is None and turn.response_id is not None:
                         slot = turn.steering = self.steering.begin(turn.response_id, stream_id)
-                    await self.send(event)
+                    if not self.sent_at_once(event):
+                        await self.send(event)
         except APIError as error:
             if not steers:
-                await self.send(_with_lane(error.event(), stream_id))
+                await self.send(with_lane(error.event(), stream_id))
             for steer in steers:  # the input could not be committed: returned, with why
                 await self.send(self.steering.failed(steer, "successor_creation_failed", error.message, stream_id))
         except WebSocketDisconnect:
             raise
         except Exception:
             log.exception("turn failed unexpectedly")
-            await self.send(_with_lane(internal_error().event(), stream_id))
+            await self.send(with_lane(internal_error().event(), stream_id))
         finally:
             metrics.CACHE_BYTES.inc(self.cache.nbytes - cached_bytes)
             self.shim.record_turn(turn)
@@ -267,18 +271,27 @@ class ResponsesConnection:
             update = {"input": steered_input(successor), "previous_response_id": turn.response_id, "generate": None}
             await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
+    def sent_at_once(self, event: dict[str, Any]) -> bool:
+        """Send `event` now if the socket is writable and no send waits before it (nothing to await);
+        False when `send` must do it. A turn's events take this path without a coroutine each."""
+        if self._send_now is None or self._send_lock.locked() or not self._writable():
+            return False
+        if self.state is ConnectionState.CLOSED:
+            raise WebSocketDisconnect(1006)
+        if event["type"] == "error":
+            metrics.ERRORS.labels(event["error"]["code"]).inc()
+        try:
+            self._send_now(orjson.dumps(event))
+        except OSError:
+            self._gone()
+        return True
+
     async def send(self, event: dict[str, Any]) -> None:
+        if self.sent_at_once(event):
+            return
         if event["type"] == "error":
             metrics.ERRORS.labels(event["error"]["code"]).inc()
         data = orjson.dumps(event)
-        if self._send_now is not None and not self._send_lock.locked() and self._writable():
-            if self.state is ConnectionState.CLOSED:
-                raise WebSocketDisconnect(1006)
-            try:  # writable and no send waiting before it: the frame is queued at once, nothing awaited
-                self._send_now(data)
-            except OSError:
-                self._gone()
-            return
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
@@ -347,65 +360,3 @@ class ResponsesConnection:
         if self._closing is not None and self._closing is not asyncio.current_task():
             self._closing.cancel()
             await asyncio.gather(self._closing, return_exceptions=True)
-
-
-def _nbytes(data: str | bytes) -> int:
-    """The frame's size on the wire (UTF-8 for text frames), for the size limit and the byte counter."""
-    return len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
-
-
-def _decode(data: str | bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise invalid("invalid_json", f"The frame is not valid JSON: {exc}.") from None
-    if not isinstance(body, dict):
-        raise invalid("invalid_type", "Each frame must be a JSON object with a 'type'.")
-    kind = body.get("type")
-    if kind is None:
-        raise invalid("missing_required_parameter", "Missing required parameter: 'type'.", "type")
-    if kind not in ("response.create", "response.steer"):
-        raise invalid(
-            "unknown_event_type",
-            f"Unsupported event type {kind!r}: this server accepts 'response.create' and 'response.steer'.",
-            "type",
-        )
-    return body
-
-
-def _lane_of(data: str | bytes) -> str | None:
-    """The frame's lane when it names a valid one, so a refusal reaches the right request."""
-    try:
-        return check_stream_id(_decode(data).get("stream_id"))
-    except APIError:
-        return None
-
-
-def _with_lane(event: dict[str, Any], stream_id: str | None) -> dict[str, Any]:
-    if stream_id is not None:
-        event["stream_id"] = stream_id
-    return event
-
-
-def _age_limit_error() -> APIError:
-    return APIError(
-        400,
-        "websocket_connection_limit_reached",
-        "This connection reached its age limit; open a new connection to continue.",
-    )
-
-
-def _idle_error(idle_s: float) -> APIError:
-    return APIError(
-        400,
-        "websocket_connection_idle",
-        f"No request for {idle_s:.0f} s and none in flight; open a new connection to continue.",
-    )
-
-
-def too_large_error(limit: int) -> APIError:
-    return APIError(
-        400,
-        "message_too_large",
-        f"The frame exceeds the {limit}-byte limit; this connection will close with code 1009.",
-    )

@@ -1,0 +1,75 @@
+"""A WebSocket frame's first reading (size, JSON, type, lane) and the errors a connection sends itself.
+
+Plain functions, apart from the connection loop in `ws.py` that uses them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .errors import APIError, invalid
+from .requests import check_stream_id
+
+
+def frame_nbytes(data: str | bytes) -> int:
+    """The frame's size on the wire (UTF-8 for text frames), for the size limit and the byte counter."""
+    return len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
+
+
+def decode_frame(data: str | bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise invalid("invalid_json", f"The frame is not valid JSON: {exc}.") from None
+    if not isinstance(body, dict):
+        raise invalid("invalid_type", "Each frame must be a JSON object with a 'type'.")
+    kind = body.get("type")
+    if kind is None:
+        raise invalid("missing_required_parameter", "Missing required parameter: 'type'.", "type")
+    if kind not in ("response.create", "response.steer"):
+        raise invalid(
+            "unknown_event_type",
+            f"Unsupported event type {kind!r}: this server accepts 'response.create' and 'response.steer'.",
+            "type",
+        )
+    return body
+
+
+def lane_of(data: str | bytes) -> str | None:
+    """The frame's lane when it names a valid one, so a refusal reaches the right request."""
+    try:
+        return check_stream_id(decode_frame(data).get("stream_id"))
+    except APIError:
+        return None
+
+
+def with_lane(event: dict[str, Any], stream_id: str | None) -> dict[str, Any]:
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event
+
+
+def age_limit_error() -> APIError:
+    return APIError(
+        400,
+        "websocket_connection_limit_reached",
+        "This connection reached its age limit; open a new connection to continue.",
+    )
+
+
+def idle_error(idle_s: float) -> APIError:
+    return APIError(
+        400,
+        "websocket_connection_idle",
+        f"No request for {idle_s:.0f} s and none in flight; open a new connection to continue.",
+    )
+
+
+def too_large_error(limit: int) -> APIError:
+    return APIError(
+        400,
+        "message_too_large",
+        f"The frame exceeds the {limit}-byte limit; this connection will close with code 1009.",
+    )
