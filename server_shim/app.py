@@ -39,7 +39,7 @@ from .tokens import counters_by_model
 from .trim import Trimmer
 from .turn import Turn
 from .turn_plan import TurnEnv
-from .ws import CLOSE_GOING_AWAY, ResponsesConnection
+from .ws import CLOSE_GOING_AWAY, FORCE_CLOSE_EXTENSION, ResponsesConnection
 
 if TYPE_CHECKING:
     import pluggy
@@ -200,7 +200,7 @@ def create_app(
         Route("/metrics", resources.guarded(http.metrics_endpoint), methods=["GET"]),
     ]
     errors = {404: resources.http_error, 405: resources.http_error}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=errors)
+    app = ShimApp(routes=routes, lifespan=lifespan, exception_handlers=errors)
     app.state.shim = shim
     keys = load_keys(settings.api_keys, settings.api_keys_file)
     if keys:
@@ -297,3 +297,30 @@ class BearerAuth:
                         found = tenant
                 return found
         return None
+
+
+class ShimApp(Starlette):
+    """The shim's Starlette app: it turns the protocol's direct frame writer off where a middleware wraps `send`.
+
+    `ShimWebSocketProtocol` lets the app write event frames straight to the socket, past ASGI `send`;
+    a middleware wrapping `send` (an ASGI wrapper around the app, one added with `add_middleware`,
+    uvicorn's trace logging) would then not see them. So frames go through `send` unless `send` is
+    the protocol's own and the app has no middleware but the shim's.
+    """
+
+    OWN_MIDDLEWARE = frozenset({BearerAuth})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            extension = scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
+            if extension is not None and not self._sends_unwrapped(extension, send):
+                extension["send_text"] = None
+        await super().__call__(scope, receive, send)
+
+    def _sends_unwrapped(self, extension: dict[str, object], send: Send) -> bool:
+        own_send = extension.get("asgi_send")
+        return (
+            own_send is not None
+            and own_send == send
+            and all(m.cls in self.OWN_MIDDLEWARE for m in self.user_middleware)
+        )

@@ -175,6 +175,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
                 "close": self.force_close,
                 "writable": self.writable.is_set,
                 "send_text": self.send_text_now,
+                "asgi_send": self.send,
             }
 
     def connection_lost(self, exc: Exception | None) -> None:

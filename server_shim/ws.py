@@ -44,7 +44,8 @@ CLOSE_MESSAGE_TOO_BIG = 1009
 FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
 """ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
 `writable()`, true while a send will not wait for the peer (so it needs no timeout), and
-`send_text(data)`, which queues a text frame of UTF-8 bytes at once (only while writable)."""
+`send_text(data)`, which queues a text frame of UTF-8 bytes at once (only while writable; None where
+a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`."""
 
 
 class ConnectionState(enum.Enum):

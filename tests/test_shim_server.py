@@ -168,8 +168,8 @@ async def test_reading_pauses_only_when_a_frame_is_already_waiting_not_once_per_
 
         async def turns(count: int, lane: str) -> None:
             create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "stream_id": lane}
-            for _ in range(count):
-                await ws.send(json.dumps(create))
+            frame = Frame(Opcode.TEXT, json.dumps(create).encode()).serialize(mask=True, extensions=[])
+            ws.transport.write(frame * count)  # pipelined: all in one write, so they reach the server together
             done = 0
             while done < count:
                 done += json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "response.completed"
@@ -179,3 +179,47 @@ async def test_reading_pauses_only_when_a_frame_is_already_waiting_not_once_per_
         assert transport.pauses == 0  # one frame, then its reply: the socket stays readable
         await turns(6, "a")  # pipelined on one lane: frames wait for the app, and reading pauses
         assert transport.pauses >= 1
+
+
+class RecordSends:
+    """A user's ASGI middleware that looks at every message the app sends (as logging or tracing would)."""
+
+    def __init__(self, app, seen: list[dict]) -> None:
+        self.app, self.seen = app, seen
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def recording(message) -> None:
+            self.seen.append(message)
+            await send(message)
+
+        await self.app(scope, receive, recording)
+
+
+async def test_a_middleware_that_wraps_send_sees_every_event_frame_the_direct_writer_would_skip(tmp_path):
+    settings = Settings(drain_timeout_s=2.0, usage_path=str(tmp_path / "usage.db"))
+    app = create_app(settings)
+    seen: list[dict] = []
+    app.add_middleware(RecordSends, seen=seen)
+    with BackgroundServer(app, settings) as server:
+        async with ws_connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
+            received = [json.loads(await asyncio.wait_for(ws.recv(), 10))["type"]]
+            while received[-1] != "response.completed":
+                received.append(json.loads(await asyncio.wait_for(ws.recv(), 10))["type"])
+    sent = [json.loads(m["text"])["type"] for m in seen if m["type"] == "websocket.send"]
+    assert sent == received and len(sent) > 3
+
+
+def test_the_direct_writer_is_kept_only_where_send_is_the_protocols_own_and_no_user_middleware_wraps_it():
+    app = create_app(Settings())
+
+    async def own_send(message) -> None: ...
+
+    async def wrapped_send(message) -> None: ...
+
+    extension = {"asgi_send": own_send}
+    assert app._sends_unwrapped(extension, own_send)
+    assert not app._sends_unwrapped(extension, wrapped_send), "an ASGI wrapper around the app"
+    assert not app._sends_unwrapped({}, own_send), "a protocol that does not say which send is its own"
+    app.add_middleware(RecordSends, seen=[])
+    assert not app._sends_unwrapped(extension, own_send), "a middleware added inside the app"
