@@ -211,6 +211,8 @@ def test_the_suites_the_command_and_the_readme_name_are_the_benchmarks_own() -> 
     assert BENCH_SUITES == SUITES
     layout = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("benchmarks/ "))
     assert tuple(layout.split("python -m benchmarks: ")[1].split(";")[0].split(", ")) == SUITES, layout
+    documented = (ROOT / "benchmarks" / "README.md").read_text()
+    assert [s for s in SUITES if f"| `{s}` |" not in documented] == [], "suites missing from benchmarks/README.md"
 
 
 def test_unknown_suite_is_refused() -> None:
