@@ -42,11 +42,13 @@ _tickets = itertools.count(1)
 
 
 def wrap(client: ClientT, options: SessionOptions | None = None, **option_fields: Any) -> ClientT:
-    """Route `client.responses.create/stream` over one persistent WebSocket session; returns `client`.
+    """Route `client.responses.create/stream` (and `chat.completions.create`, unless `chat_completions=False`)
+    over one persistent WebSocket session; returns `client`.
 
     The client is changed in place (its HTTP transport and its `responses.create`) so that code
     already holding it, and copies made with `with_options`, share the session. Closing the
-    client closes the sockets. Options: a `SessionOptions`, or its fields as keywords.
+    client closes the sockets. Options: a `SessionOptions`, or its fields as keywords
+    (`direct=False` keeps every turn in the SDK's HTTP pipeline, for httpx hooks and instrumentation).
     """
     if isinstance(_sdk.transport_of(client), (WebSocketTransport, AsyncWebSocketTransport)):
         return client
