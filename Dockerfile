@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY server_shim ./server_shim
 COPY ws_transport ./ws_transport
 COPY plugins ./plugins
+COPY chat_mapping ./chat_mapping
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[redis]'
 
 FROM python:3.11-slim

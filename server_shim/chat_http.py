@@ -38,6 +38,11 @@ T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 
 
+def chat_completion_id() -> str:
+    """`chatcmpl-` and 128 random bits, the prefix OpenAI's chat completion ids have (Responses ids use `_`)."""
+    return "chatcmpl-" + new_id("").removeprefix("_")
+
+
 async def create_chat_completion(request: Request) -> Response:
     shim: ShimState = request.app.state.shim
     refusal = shim.gate.admit_request()
@@ -102,7 +107,7 @@ async def _complete_choice(turn: Turn, stops: tuple[str, ...]) -> Json | None:
 def completion(chat: ChatRequest, responses: list[Json]) -> Json:
     """One `ChatCompletion` from each choice's response: choices in order, usage summed, `stop` applied."""
     answer = completion_from_response(responses[0])
-    answer["id"] = new_id("chatcmpl")
+    answer["id"] = chat_completion_id()
     choices = []
     ids = DistinctCallIds()
     for index, response in enumerate(responses):
@@ -128,7 +133,7 @@ async def _sse(chat: ChatRequest, turns: list[Turn], shim: ShimState) -> AsyncIt
     Whatever ends the stream (the last choice, an error, the client going away), the tenant's slots
     are released first, without awaiting anything: a dropped client's stream is cancelled here, and
     a cancelled await would skip what follows it."""
-    completion_id = new_id("chatcmpl")
+    completion_id = chat_completion_id()
     choices = [_choice(chat, turn, index, shim) for index, turn in enumerate(turns)]
     usages: list[Json | None] = []
     usage_chunk: Json = {}

@@ -177,10 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="responses-ws",
         description="Responses API WebSocket mode for agent loops: a sidecar shim in front of any backend.",
     )
-    _add_log_level(parser, default="INFO")
-    # The same flag on every subcommand, so `responses-ws serve --log-level DEBUG` works too.
+    # The same flag before or after the subcommand (`responses-ws --log-level DEBUG serve` or
+    # `responses-ws serve --log-level DEBUG`); unset, each command's own default (`log_level`).
+    _add_log_level(parser)
     common = argparse.ArgumentParser(add_help=False)
-    _add_log_level(common, default=argparse.SUPPRESS)
+    _add_log_level(common)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the shim (WebSocket and HTTP on one port)", parents=[common])
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--payload-bytes", type=int, default=4000, help="size of each tool result (default 4000)")
     demo.add_argument("--tokens-per-s", type=float, default=1000.0, help="simulated generation speed (default 1000)")
     # The table, not a log line per response; `demo --log-level INFO` shows them.
-    demo.set_defaults(func=_demo, log_level="WARNING")
+    demo.set_defaults(func=_demo, quiet_by_default=True)
 
     usage = sub.add_parser("usage", help="usage totals per tenant and model from the usage ledger", parents=[common])
     usage.add_argument("--since", help="90m, 24h, 7d or an ISO date/time (default: everything)")
@@ -271,18 +272,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    """The flag, with no default of its own: a shared action's default would be every command's
+    (`set_defaults` on one subcommand changes it for all), so `main` fills it in."""
     parser.add_argument(
         "--log-level",
-        default=default,
+        default=argparse.SUPPRESS,
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="(default INFO)",
+        help="(default INFO; WARNING for demo)",
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with the log level filled in where no `--log-level` was given."""
     args = build_parser().parse_args(argv)
+    if not hasattr(args, "log_level"):
+        args.log_level = "WARNING" if getattr(args, "quiet_by_default", False) else "INFO"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     configure_logging(args.log_level, "text")
     return int(args.func(args))
 

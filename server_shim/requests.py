@@ -146,4 +146,5 @@ def validation_error(exc: ValidationError) -> APIError:
     param = ".".join(str(part) for part in loc) if loc else None
     if error["type"] == "missing":
         return invalid("missing_required_parameter", f"Missing required parameter: '{param}'.", param)
-    return invalid("invalid_value", f"Invalid value for '{param}': {error['msg']}.", param)
+    message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return invalid("invalid_value", f"Invalid value for '{param}': {message}.", param)

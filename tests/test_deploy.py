@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,15 @@ def test_the_dockerfile_runs_serve_as_a_non_root_user_with_a_healthcheck():
     code = healthcheck.group(1)
     compile(code, "HEALTHCHECK", "exec")
     assert f"127.0.0.1:{loaded.settings.port}/healthz" in code
+
+
+def test_the_dockerfile_copies_every_package_the_distribution_ships():
+    """The build stage copies package folders one by one: a new top-level package left out builds a
+    wheel without it, and the image fails at start-up with ModuleNotFoundError (docker is not here)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = {line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")}
+    assert packages and packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
 
 
 def test_the_compose_file_runs_the_shim_in_front_of_llama_cpp_with_a_config_that_validates():

@@ -60,7 +60,7 @@ def test_a_completion_parses_strictly_and_says_what_the_simulator_says(server: A
     assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
     body = reply.json()
     COMPLETION.validate_python(body, strict=True)
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl")
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     completion = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}])
     assert completion.choices[0].message.content == body["choices"][0]["message"]["content"]
     assert "simulat" in (completion.choices[0].message.content or "")

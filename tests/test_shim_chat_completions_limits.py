@@ -35,6 +35,7 @@ def test_a_stop_sequence_longer_than_the_bound_is_a_400_naming_stop(server: Any,
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.chat.completions.create(model=MODEL, messages=HI, stop=["x" * (MAX_STOP_CHARS + 1)])  # type: ignore[arg-type]
     assert refused.value.code == "invalid_value" and refused.value.param == "stop"
+    assert "Value error" not in refused.value.message, "the message is the rule, without pydantic's prefix"
     longest = sdk.chat.completions.create(model=MODEL, messages=HI, stop="x" * MAX_STOP_CHARS)  # type: ignore[arg-type]
     assert longest.choices[0].finish_reason == "stop" and longest.choices[0].message.content
 

@@ -17,6 +17,8 @@ from support.chat_server import closed_port
 from support.serve import SCRIPT, stop_cleanly, wait_healthy
 from support.wire import completed_ok, run_turn
 
+from server_shim.cli import parse_args
+
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, check=False)
@@ -333,3 +335,21 @@ async def test_an_unreachable_store_is_reported_at_startup_and_readyz_waits_for_
     output = process.stdout.read()
     assert f"the response store at 127.0.0.1:{store_port} does not answer: /readyz says 503 until it does" in output
     assert "secret" not in output
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["serve"], "INFO"),
+        (["check-config", "shim.toml"], "INFO"),
+        (["demo"], "WARNING"),
+        (["--log-level", "debug", "serve"], "DEBUG"),
+        (["serve", "--log-level", "error"], "ERROR"),
+        (["--log-level", "info", "demo"], "INFO"),
+        (["demo", "--log-level", "info"], "INFO"),
+    ],
+)
+def test_each_command_logs_at_its_own_default_level_and_the_flag_works_before_or_after_it(argv, level):
+    """`demo` is quiet by default; that default once leaked into every command through the shared flag
+    (`serve` logged nothing at start-up)."""
+    assert parse_args(argv).log_level == level
