@@ -12,6 +12,7 @@ worker's values. Gauges say how they combine (`livesum`: the sum over live worke
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import os
 import shutil
@@ -148,18 +149,83 @@ def observe_turn(
     usage: Mapping[str, int],
     ttft_s: float | None,
     duration_s: float,
+    plugin_s: Mapping[str, float] | None = None,
 ) -> None:
-    """One finished turn: counted once, its stages observed once, whatever path it took."""
-    TURNS.labels(transport, deployment, status).inc()
+    """One finished turn: counted once, its stages observed once, whatever path it took.
+
+    Held, not applied: `flush_turns` applies what up to `FLUSH_TURNS` turns observed in one pass (a
+    histogram's buckets and sum once per batch, not twice per value under a lock), and `render`
+    flushes first, so a scrape sees every finished turn. Workers sharing a multiprocess directory
+    apply each turn at once, as another worker may be the one scraped.
+    """
+    global _held_turns
+    _hold_increment(TURNS.labels(transport, deployment, status), 1)
     for stage, seconds in stages.items():
-        STAGE_SECONDS.labels(stage).observe(seconds)
-    SHIM_OVERHEAD_SECONDS.observe(sum(stages.get(stage, 0.0) for stage in SHIM_STAGES))
+        _hold(STAGE_SECONDS.labels(stage), seconds)
+    _hold(SHIM_OVERHEAD_SECONDS, sum(stages.get(stage, 0.0) for stage in SHIM_STAGES))
     if ttft_s is not None:
-        TTFT_SECONDS.labels(deployment).observe(ttft_s)
-    TURN_SECONDS.labels(deployment).observe(duration_s)
+        _hold(TTFT_SECONDS.labels(deployment), ttft_s)
+    _hold(TURN_SECONDS.labels(deployment), duration_s)
     for kind, count in usage.items():
         if count:
-            TOKENS.labels(deployment, kind).inc(count)
+            _hold_increment(TOKENS.labels(deployment, kind), count)
+    for kind, seconds in (plugin_s or {}).items():
+        _hold(PLUGIN_SECONDS.labels(kind), seconds)
+    _held_turns += 1
+    if _held_turns >= FLUSH_TURNS or os.environ.get(MULTIPROC_ENV):
+        flush_turns()
+
+
+FLUSH_TURNS = 256
+"""Turns held before their observations are applied (bounds what is held; a scrape applies them sooner)."""
+_held_turns = 0
+_held_values: dict[Any, list[float]] = {}
+_held_increments: dict[Any, float] = {}
+
+
+def _hold(histogram: Any, value: float) -> None:
+    held = _held_values.get(histogram)
+    if held is None:
+        _held_values[histogram] = [value]
+    else:
+        held.append(value)
+
+
+def _hold_increment(counter: Any, amount: float) -> None:
+    _held_increments[counter] = _held_increments.get(counter, 0) + amount
+
+
+def flush_turns() -> None:
+    """Apply the held observations: each counter once, each histogram's sum and buckets once."""
+    global _held_turns
+    values, increments = dict(_held_values), dict(_held_increments)
+    _held_values.clear()
+    _held_increments.clear()
+    _held_turns = 0
+    for counter, amount in increments.items():
+        counter.inc(amount)
+    for histogram, observed in values.items():
+        _observe_all(histogram, observed)
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """`observe` each value, done as prometheus-client does it (a value goes in the first bucket whose
+    upper bound is >= it; the sum takes them all) but once per bucket; one by one if its internals differ."""
+    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            histogram.observe(value)
+        return
+    counts = [0] * len(bounds)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1
+    running = total.get()
+    for value in values:  # added in the same order as one `observe` after another: the same float sum
+        running += value
+    total.set(running)
+    for bucket, count in zip(buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
 
 
 @contextlib.contextmanager
@@ -189,6 +255,7 @@ def on_worker_exit() -> None:
 
 def render() -> tuple[bytes, str]:
     """The exposition text for `/metrics`: this process, or every worker's in multiprocess mode."""
+    flush_turns()
     if os.environ.get(MULTIPROC_ENV):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

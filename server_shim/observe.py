@@ -32,10 +32,8 @@ def turn_finished(turn: Turn) -> None:
     }
     duration = stages.elapsed()
     metrics.observe_turn(
-        turn.transport, deployment, response["status"], stages.seconds, tokens, stages.ttft_s, duration
+        turn.transport, deployment, response["status"], stages.seconds, tokens, stages.ttft_s, duration, result.plugin_s
     )
-    for kind, seconds in result.plugin_s.items():
-        metrics.PLUGIN_SECONDS.labels(kind).observe(seconds)
     if not (log.isEnabledFor(logging.INFO) or tracing.enabled()):
         return  # nobody reads the fields: not built
     ttft = stages.ttft_s

@@ -162,3 +162,30 @@ def test_the_example_dashboard_uses_only_metrics_the_shim_exports(make_server):
     }
     assert len(used) >= 12
     assert used <= exported, used - exported
+
+
+def test_held_observations_land_as_observing_one_by_one_would():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from server_shim.metrics import _FAST, _observe_all
+
+    def samples(registry: CollectorRegistry) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+    values = st.lists(st.floats(min_value=0, max_value=200, allow_nan=False) | st.sampled_from(_FAST), max_size=60)
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(values, max_size=4))
+    def check(batches: list[list[float]]) -> None:
+        one_by_one, held = CollectorRegistry(), CollectorRegistry()
+        plain = Histogram("x_seconds", "x", buckets=_FAST, registry=one_by_one)
+        batched = Histogram("x_seconds", "x", buckets=_FAST, registry=held)
+        for batch in batches:
+            for value in batch:
+                plain.observe(value)
+            _observe_all(batched, batch)
+        assert samples(held) == samples(one_by_one)  # buckets, count and the float sum, bit for bit
+
+    check()
