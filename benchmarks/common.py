@@ -312,8 +312,8 @@ class TimingMiddleware:
         """The scope with the shim's direct frame writer (its fast path past ASGI `send`) probed too."""
         extensions = scope.get("extensions") or {}
         protocol = extensions.get(FORCE_CLOSE_EXTENSION)
-        if scope["type"] != "websocket" or not protocol or "send_text" not in protocol:
-            return scope
+        if scope["type"] != "websocket" or not protocol or protocol.get("send_text") is None:
+            return scope  # no direct writer, or the app turned it off (a middleware wraps `send`: this one)
         send_text, recorder = protocol["send_text"], self.recorder
 
         def timed_send_text(data: bytes) -> None:
