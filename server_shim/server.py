@@ -7,21 +7,12 @@ import contextlib
 import logging
 import os
 import socket
-import struct
 import threading
-from typing import Any
 
 import orjson
 import uvicorn
 from starlette.applications import Starlette
-from uvicorn._types import ASGISendEvent, WebSocketSendEvent
-from uvicorn.protocols.utils import ClientDisconnected
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.supervisors import Multiprocess
-from websockets.exceptions import InvalidState
-from websockets.frames import Frame, Opcode
-from websockets.http11 import Request
-from websockets.protocol import State
 
 from . import metrics, tracing
 from .app import ShimState, create_app
@@ -30,29 +21,7 @@ from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
 from .trim import allocator_line, freeze_startup_heap
-from .ws import CLOSE_MESSAGE_TOO_BIG, FORCE_CLOSE_EXTENSION
-from .ws_frames import too_large_error
-
-FORCE_CLOSE_GRACE_S = 5.0
-
-
-def _send_when_gone(data: bytes) -> None:
-    raise ClientDisconnected()
-
-
-GONE_EXTENSION: dict[str, Any] = {
-    "close": lambda code, reason: None,
-    "writable": lambda: True,
-    "send_text": _send_when_gone,
-}
-"""The force-close extension of a lost connection: the same answers (nothing to close, sends fail at
-once), without a reference back to the protocol."""
-
-
-CORK_MAX_BYTES = 64 * 1024
-"""Frames held for one loop iteration are written at once past this size (the writer's backpressure bound)."""
-_HEADER_16 = struct.Struct("!BBH")
-_HEADER_64 = struct.Struct("!BBQ")
+from .ws_protocol import ShimWebSocketProtocol
 
 log = logging.getLogger("responses_ws")
 
@@ -71,172 +40,6 @@ class ShimServer(uvicorn.Server):
 
 WORKER_ENV = "RESPONSES_WS_WORKER_SETUP"
 """How `serve --workers N` hands the parent's settings and config to each worker process."""
-
-
-class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol, but a frame over its size bound gets the error event first.
-
-    The frame parser refuses a frame whose header announces more than `ws_max_size` bytes
-    before reading its payload, and closes with 1009; the app never sees that frame, so the
-    `message_too_large` event (the same one the app sends for frames it refuses) is written here,
-    just ahead of the close frame. Responses in flight on that connection are cut.
-
-    It also counts a finished denial response (our 401 for a wrong key) as the end of the handshake:
-    uvicorn sends the `websocket.http.response` denial correctly but then logs "ASGI callable
-    returned without completing handshake" at ERROR for it, and a refused key is not a server error.
-
-    Frames sent in one loop iteration leave in one socket write (`_cork`): a turn whose events are
-    ready together costs one `transport.write`, and a lone delta waits only for the end of the
-    iteration it was sent in, never for a timer.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._corked: list[bytes] = []
-        self._corked_bytes = 0
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if message["type"] == "websocket.send" and self.handshake_complete and not self.close_sent:
-            await self._cork(message)
-            return
-        self.flush()
-        await super().send(message)
-        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
-            self.handshake_complete = True
-
-    async def _cork(self, message: WebSocketSendEvent) -> None:
-        await self.writable.wait()
-        if self.disconnected:
-            raise ClientDisconnected()
-        try:
-            data = message.get("bytes")
-            if data is not None:
-                self.conn.send_binary(data)
-            else:
-                self.conn.send_text((message.get("text") or "").encode())
-        except InvalidState:
-            raise ClientDisconnected() from None
-        self._hold(*self.conn.data_to_send())
-
-    def send_text_now(self, data: bytes) -> None:
-        """One text frame of `data` (UTF-8) corked at once, without an ASGI message: the app's fast path.
-
-        For a socket that is writable (the caller checks), so nothing waits: the frame header is
-        built here (a server's frames are unmasked, and this protocol negotiates no extension), which
-        is what `websockets` would write, less the ASGI, Starlette and `websockets` layers per event.
-        """
-        if self.disconnected or self.close_sent or self.conn.state is not State.OPEN:
-            raise ClientDisconnected()
-        self._hold(text_frame_header(len(data)), data)
-
-    def _hold(self, *chunks: bytes) -> None:
-        """Keep chunks for the write at the end of this loop iteration (at once past `CORK_MAX_BYTES`)."""
-        first = not self._corked
-        for chunk in chunks:
-            self._corked.append(chunk)
-            self._corked_bytes += len(chunk)
-        if self._corked_bytes >= CORK_MAX_BYTES:
-            self.flush()
-        elif first:
-            self.loop.call_soon(self.flush)
-
-    def send_receive_event_to_app(self) -> None:
-        """Pause reading only once a message is already waiting for the app, not on every frame.
-
-        uvicorn pauses the socket after each message and resumes it when the app takes it: two
-        `epoll_ctl` calls per turn for a client that sends one frame and waits. One message may
-        wait unread; the next pauses reading as before, so a client pipelining frames the app does
-        not take (its own request bound is full) is still not read from.
-        """
-        if self.read_paused or not self.queue.empty():
-            super().send_receive_event_to_app()
-            return
-        self.read_paused = True  # uvicorn pauses only when this is False
-        try:
-            super().send_receive_event_to_app()
-        finally:
-            self.read_paused = False
-
-    def flush(self) -> None:
-        """Write the frames held since the last write, in one call (before anything else is written)."""
-        if not self._corked:
-            return
-        data = b"".join(self._corked)
-        self._corked.clear()
-        self._corked_bytes = 0
-        if not self.transport.is_closing():
-            self.transport.write(data)
-
-    def handle_connect(self, event: Request) -> None:
-        super().handle_connect(event)
-        scope = getattr(self, "scope", None)
-        if scope is not None:
-            scope["extensions"][FORCE_CLOSE_EXTENSION] = {
-                "close": self.force_close,
-                "writable": self.writable.is_set,
-                "send_text": self.send_text_now,
-                "asgi_send": self.send,
-            }
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Also unhook the force-close extension from this protocol once the socket is gone.
-
-        The scope's extension points back at the protocol, so a closed connection's objects (protocol,
-        transport, queues, buffers) formed a reference cycle that waited for a full collection,
-        which the raised GC thresholds make rare: after a burst of clients they stayed, and pinned
-        allocator memory. Without the cycle, reference counting frees them as the app finishes.
-        """
-        super().connection_lost(exc)
-        extension = getattr(self, "scope", {}).get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
-        if extension is not None:
-            extension.clear()
-            extension.update(GONE_EXTENSION)
-
-    def force_close(self, code: int, reason: str) -> None:
-        """Close without waiting for the peer to read, which it may never do (a slow or stuck client).
-
-        The close frame is queued behind what is already buffered, for a peer that catches up;
-        the socket is aborted after a grace period if the buffer never drains.
-        """
-        if self.transport.is_closing():
-            return
-        self.flush()
-        with contextlib.suppress(Exception):
-            self.conn.send_close(code, reason)
-            self.transport.write(b"".join(self.conn.data_to_send()))
-        self.close_sent = True
-        self.transport.close()
-        self.loop.call_later(FORCE_CLOSE_GRACE_S, self.transport.abort)
-
-    def shutdown(self) -> None:
-        """Server shutdown. Under `ShimServer` the app has drained and closed with 1001 already; under
-        `--workers` (uvicorn's own server in each worker) this is the first the app hears of it: start
-        the same drain instead of uvicorn's immediate 1012, which would cut responses in flight."""
-        app = self.scope.get("app") if self.handshake_complete and not self.close_sent else None
-        shim = getattr(getattr(app, "state", None), "shim", None)
-        if shim is None:
-            super().shutdown()
-            return
-        self.stop_keepalive()
-        shim.drain_soon()
-
-    def handle_parser_exception(self) -> None:
-        sent = self.conn.close_sent
-        self.flush()
-        if sent is not None and sent.code == CLOSE_MESSAGE_TOO_BIG:
-            limit = getattr(self.config, "max_frame_bytes", self.config.ws_max_size)
-            event = too_large_error(limit).event()
-            self.transport.write(Frame(Opcode.TEXT, orjson.dumps(event)).serialize(mask=False, extensions=[]))
-        super().handle_parser_exception()
-
-
-def text_frame_header(size: int) -> bytes:
-    """The header of a final, unmasked text frame of `size` payload bytes (RFC 6455 section 5.2)."""
-    if size < 126:
-        return bytes((0x81, size))
-    if size < 65536:
-        return _HEADER_16.pack(0x81, 126, size)
-    return _HEADER_64.pack(0x81, 127, size)
 
 
 class ShimUvicornConfig(uvicorn.Config):

@@ -34,7 +34,7 @@ from .steer import SteerSlot
 from .tokens import TokenCount, account
 from .tools import plan_tools, restore_calls
 from .truncation import fit_history
-from .turn_plan import TurnEnv, TurnPlan, TurnResult
+from .turn_plan import TurnEnv, TurnPlan, TurnResult, resolve_previous, served_models
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,9 @@ class Turn:
         if self._plan is not None:
             return
         if not self.env.serves_model(self.request.model):
-            raise model_not_found(self.request.model, await self._served_models())
+            raise model_not_found(self.request.model, await served_models(self.env.backend))
         stages = self.result.stages
-        previous = await self._resolve_previous()
+        previous = await resolve_previous(self.request.previous_response_id, self.cache, self.env, self.tenant)
         stages.mark("resolve")
         new_items = expand_compactions(
             normalize_input(self.request.input), self.env.compaction_key, self.tenant, self.env.limits
@@ -327,28 +327,6 @@ class Turn:
             duration_s=time.monotonic() - self._started,
             tokens_estimated=usage is not None and usage.estimated,
         )
-
-    async def _served_models(self) -> list[str]:
-        """For the error message only: a backend that cannot list its models leaves the list out."""
-        try:
-            return await self.env.backend.models()
-        except BackendError:
-            return []
-
-    async def _resolve_previous(self) -> ResponseState | None:
-        previous_id = self.request.previous_response_id
-        if previous_id is None:
-            return None
-        state = self.cache.get(previous_id) if self.cache is not None else None
-        if state is not None:
-            metrics.CACHE_LOOKUPS.labels("hit").inc()
-            return state
-        state = await self.env.store.load(previous_id, self.tenant)
-        metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
-        metrics.CACHE_LOOKUPS.labels("miss" if state is None else "store").inc()
-        if state is None:
-            raise self.env.running.missing(previous_id, self.tenant)
-        return state
 
     def _fail(
         self, exc: BackendError | APIError, assembler: OutputAssembler, response_id: str, created_at: float

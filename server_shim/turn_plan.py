@@ -1,7 +1,8 @@
 """What a turn works with: the server-wide environment, the prepared plan, and the result.
 
 Plain data, apart from the pipeline in `turn.py` that fills it, so the stages' inputs and
-outputs can be read (and built in tests) without the pipeline's control flow.
+outputs can be read (and built in tests) without the pipeline's control flow; and the two
+lookups a turn starts with (the previous response, the models for an unknown one).
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metrics
 from .backends.base import Backend, Carry, Routed
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
-from .errors import APIError
+from .errors import APIError, BackendError
 from .history import History
 from .items import Item
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
 from .safety import Classifier, Validator
 from .stages import StageClock
-from .state import ResponseState, ResponseStore, RunningResponses
+from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 
@@ -101,3 +103,29 @@ class TurnResult:
     """Seconds in validators and in classifiers, included in the `validate` stage."""
     trace_carrier: dict[str, str] = field(default_factory=dict)
     """The caller's W3C trace context (`traceparent`, `tracestate`), when tracing is on."""
+
+
+async def resolve_previous(
+    previous_id: str | None, cache: ConnectionCache | None, env: TurnEnv, tenant: str | None
+) -> ResponseState | None:
+    """The state a turn continues: the connection's cache first, then the store (this tenant's only)."""
+    if previous_id is None:
+        return None
+    state = cache.get(previous_id) if cache is not None else None
+    if state is not None:
+        metrics.CACHE_LOOKUPS.labels("hit").inc()
+        return state
+    state = await env.store.load(previous_id, tenant)
+    metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
+    metrics.CACHE_LOOKUPS.labels("miss" if state is None else "store").inc()
+    if state is None:
+        raise env.running.missing(previous_id, tenant)
+    return state
+
+
+async def served_models(backend: Backend) -> list[str]:
+    """For an unknown model's error message only: a backend that cannot list its models leaves the list out."""
+    try:
+        return await backend.models()
+    except BackendError:
+        return []

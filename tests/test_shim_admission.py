@@ -19,8 +19,8 @@ from support.wire import API_KEY, MODEL, only_connection, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.admission import ConnectionGate, TenantLimiter
-from server_shim.server import FORCE_CLOSE_GRACE_S, ShimWebSocketProtocol
 from server_shim.ws import ConnectionState
+from server_shim.ws_protocol import FORCE_CLOSE_GRACE_S, ShimWebSocketProtocol
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 

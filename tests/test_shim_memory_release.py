@@ -19,8 +19,8 @@ from support.wire import MODEL, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim.health import TokenWindow
-from server_shim.server import ShimWebSocketProtocol
 from server_shim.trim import GC_SHARE, Trimmer, allocator_line, next_allowed, trim_at
+from server_shim.ws_protocol import ShimWebSocketProtocol
 
 
 @contextlib.contextmanager

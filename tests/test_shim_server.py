@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.frames import Frame, Opcode
 
 from server_shim import BackgroundServer, Settings, create_app
-from server_shim.server import ShimWebSocketProtocol, text_frame_header
+from server_shim.ws_protocol import ShimWebSocketProtocol, text_frame_header
 
 
 def test_a_background_server_listens_on_a_free_loopback_port():
