@@ -28,18 +28,7 @@ from .connection import Connection
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP, error_code
 from .headers import Credentials, Headers, credentials_of, upgrade_headers, websocket_url
 from .options import SessionOptions, SessionStats
-from .policy import (
-    DRAIN_CODES,
-    Dialer,
-    FrameLimit,
-    Open,
-    Pool,
-    Replicas,
-    Socket,
-    TurnAttempts,
-    Verdict,
-    Wait,
-)
+from .policy import DRAIN_CODES, Dialer, FrameLimit, Open, Pool, Replicas, Socket, TurnAttempts, Verdict, Wait
 from .turn import TurnRequest
 
 log = logging.getLogger("ws_transport")
