@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -14,6 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 from support.wire import API_KEY
 
 from server_shim import BackgroundServer, Settings, create_app
+from server_shim.logs import QUIET_LOGGERS
 from server_shim.requests import CreateRequest
 from server_shim.state import ResponseState
 
@@ -52,6 +54,22 @@ ServerFactory = Callable[..., BackgroundServer]
 # The usage ledger's default file lives under $XDG_STATE_HOME: the tests (and the servers they start) keep theirs
 # in a temporary directory, never in the home directory.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="responses-ws-tests-state-")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs the CLI in-process (`main([...])`) configures logging for the whole process: a
+    root handler on the stderr pytest captured for that test, and level INFO. Put back afterwards, so
+    later tests' servers neither write to a closed capture file nor keep INFO records in pytest's
+    log capture (which a memory test would count as held)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, was in quiet.items():
+        logging.getLogger(name).setLevel(was)
 
 
 @pytest.fixture

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.wire import ws_url
 from websockets.asyncio.client import connect
 
+import server_shim
 from benchmarks.memory import TARGET_MB, AgentLoop
 from server_shim.backends.chat_convert import RENDERING, ChatPrompt, chat_prompt
 from server_shim.callids import with_calls
@@ -25,12 +27,17 @@ from server_shim.tools import ChatTools
 MB = 1024 * 1024
 
 
+SHIM_CODE = str(Path(server_shim.__file__).parent / "*")
+
+
 def server_bytes(before: tracemalloc.Snapshot) -> int:
-    """Bytes allocated since `before` and still held, less the test client's own (orjson's key cache
-    keeps keys the client decoded: process-wide, not the server's)."""
+    """Bytes the shim's own code allocated since `before` and still holds (decoded frames, items, renderings,
+    Response objects, states: all made in `server_shim/`). tracemalloc sees the whole process: in a full
+    test run that includes other tests' servers still shutting down in their threads and pytest's log
+    capture, and the test client's own allocations (orjson's key cache), none of them the conversation's."""
     after = tracemalloc.take_snapshot()
-    client = tracemalloc.Filter(False, AgentLoop.run.__code__.co_filename)
-    return sum(stat.size_diff for stat in after.filter_traces([client]).compare_to(before, "filename"))
+    shim = tracemalloc.Filter(True, SHIM_CODE)
+    return sum(stat.size_diff for stat in after.filter_traces([shim]).compare_to(before, "filename"))
 
 
 @pytest.mark.parametrize("store", [True, False])
