@@ -3,7 +3,7 @@
 A chat request becomes a Responses turn (`chat_requests.py`), one per choice (`n`), run through
 the turn pipeline on the router and its backends; the answer comes back as the SDK's
 `ChatCompletion` or a stream of `ChatCompletionChunk`s (`chat_mapping.replies`), with `stop`
-applied here: a choice ends (its turn cancelled, the backend request with it) as soon as its text
+applied here: a choice ends (its turn stopped, the backend request with it) as soon as its text
 reaches a stop sequence. This is the HTTP baseline a chat-completions framework is measured
 against, and where `ws_transport.wrap()` sends the calls it cannot translate (`n > 1`, `stop`, `logit_bias`).
 """
@@ -89,8 +89,8 @@ def _turn(chat: ChatRequest, shim: ShimState, request: Request, index: int) -> T
 
 
 async def _complete_choice(turn: Turn, stops: tuple[str, ...]) -> Json | None:
-    """A non-streamed choice to its end, or to its stop sequence: then its turn is cancelled (the
-    backend stops generating) and the cancelled response, with the usage of what was generated, stands."""
+    """A non-streamed choice to its end, or to its stop sequence: then its turn is stopped (the backend
+    stops generating) and the response, `completed` with the usage of what was generated, stands."""
     stop = StopText(stops)
     terminal: Json | None = None
     async with contextlib.aclosing(turn.events()) as events:
@@ -100,6 +100,7 @@ async def _complete_choice(turn: Turn, stops: tuple[str, ...]) -> Json | None:
             elif stops and event["type"] == "response.output_text.delta":
                 stop.feed(event["delta"])
                 if stop.hit:
+                    turn.ends_at_stop_sequence = True
                     break
     return turn.result.response if stop.hit else terminal
 
@@ -190,7 +191,7 @@ async def _pump(source: AsyncGenerator[T, None], queue: asyncio.Queue[tuple[T] |
 
 
 async def _choice(chat: ChatRequest, turn: Turn, index: int, shim: ShimState) -> AsyncGenerator[Json, None]:
-    """One choice's turn as chunks, ended (its turn cancelled) at a stop sequence; recorded however it ends."""
+    """One choice's turn as chunks, ended (its turn stopped) at a stop sequence; recorded however it ends."""
     chunks = ChunkStream(chat.include_usage, index=index)
     stopped = StoppedChunks(StopText(chat.stops))
     try:
@@ -202,8 +203,9 @@ async def _choice(chat: ChatRequest, turn: Turn, index: int, shim: ShimState) ->
                     for out in stopped.feed(chunk):
                         yield out
                 if stopped.stop.hit:
+                    turn.ends_at_stop_sequence = True
                     break
-        if stopped.stop.hit:  # the turn is cancelled now: its usage is what was generated
+        if stopped.stop.hit:  # the turn is stopped now, `completed`: its usage is what was generated
             for out in chunks.finish(turn.result.response, "stop"):
                 yield out
     except Exception:

@@ -73,6 +73,9 @@ class Turn:
         self._created_at = 0.0
         self._produced = 0
         """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
+        self.ends_at_stop_sequence = False
+        """Set by a caller that stops reading because the text reached a `stop` sequence (the chat route):
+        the response it cuts short is then `completed` there, not `cancelled` as for a client gone."""
 
     async def prepare(self) -> None:
         """Everything before inference; raises `APIError` and leaves all state untouched."""
@@ -291,13 +294,15 @@ class Turn:
         yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
 
     def _abandoned(self, plan: TurnPlan) -> None:
-        """The caller stopped the response (its client went away): it is metered all the same, as `cancelled`.
+        """The caller stopped the response: it is metered all the same, as `cancelled` (its client went away)
+        or `completed` (at a stop sequence).
 
         The output tokens are the backend's figure when it sent one, else one per delta streamed; the
         input tokens the count beside inference when it finished, else the sent history's bytes / 4.
         """
+        status = "completed" if self.ends_at_stop_sequence else "cancelled"
         assembler = self._assembler or OutputAssembler(self.seq)
-        assembler.close("incomplete")
+        assembler.close("completed" if self.ends_at_stop_sequence else "incomplete")
         counted = plan.counting.done()
         usage = assembler.usage or Usage(
             input_tokens=counted.input_tokens if counted else plan.sent_history.items_held // 4,
@@ -308,7 +313,7 @@ class Turn:
         cancelled = response_object(
             self.response_id,
             self.request,
-            status="cancelled",
+            status=status,
             output=assembler.output,
             usage=usage,
             created_at=self._created_at,

@@ -279,3 +279,26 @@ def test_a_400_names_the_chat_parameter_not_the_responses_one(
     assert refused.value.param == param and refused.value.code == code
     assert "input[" not in refused.value.message and "'text'" not in refused.value.message
     assert sdk.chat.completions.create(model=MODEL, messages=HI).choices  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+async def test_a_turn_ended_at_a_stop_sequence_is_metered_as_completed_not_cancelled(
+    metered_fast: Any,  # noqa: F811
+    stream: bool,
+) -> None:
+    """Operators tell a choice that reached its stop sequence from a client that went away."""
+    server, recorder = metered_fast
+    async with openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as client:
+        fields: dict[str, Any] = {"model": MODEL, "messages": HI, "max_tokens": 2000, "stop": "token"}
+        if stream:
+            async for _ in await client.chat.completions.create(stream=True, **fields):
+                pass
+        else:
+            await client.chat.completions.create(**fields)
+    for _ in range(300):
+        if recorder.responses:
+            break
+        await asyncio.sleep(0.01)
+    (record,) = recorder.responses
+    assert record["status"] == "completed" and record["usage"]["output_tokens"] < 2000
+    assert all(item.get("status") in (None, "completed") for item in record["output"])
