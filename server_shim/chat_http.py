@@ -249,7 +249,9 @@ class DistinctCallIds:
 
 @dataclass
 class StopText:
-    """Cuts text at the first stop sequence, across deltas: the tail that may begin one is held back.
+    """Cuts text at the first stop sequence to be completed, across deltas: the tail that may begin one
+    is held back. "First completed" (of two that end together, the one that began first) makes the cut
+    the same however the text is split into deltas, as if it came one character at a time.
 
     Linear in the text fed: only the last `len(stop) - 1` characters can begin a match, so a
     delta is searched together with at most that held tail (stop sequences are bounded in length,
@@ -263,10 +265,10 @@ class StopText:
         if self.hit or not self.stops:
             return "" if self.hit else text
         text = self.held + text
-        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        found = [(at + len(stop), at) for stop in self.stops if (at := text.find(stop)) >= 0]
         if found:
             self.hit, self.held = True, ""
-            return text[: min(found)]
+            return text[: min(found)[1]]
         keep = max(_partial(text, stop) for stop in self.stops)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]

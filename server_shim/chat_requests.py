@@ -27,6 +27,7 @@ from .errors import APIError, invalid
 from .limits import RequestLimits
 from .request_fields import LOGPROBS_INCLUDE
 from .requests import CreateRequest, ServiceTier, parse_create, validation_error
+from .tools import check_tool_name
 
 MAX_CHOICES = 8
 """The most choices (`n`) one request may ask for: each runs a turn of its own on the backend."""
@@ -218,20 +219,12 @@ def _text(chat: ChatBody) -> dict[str, Any]:
     return text
 
 
-TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-"""As OpenAI: a function's name is 1-64 letters, digits, underscores and dashes."""
-
-
 def _check_tool_names(tools: list[dict[str, Any]]) -> None:
     seen: set[str] = set()
     for index, function in enumerate(tools):
-        name, param = function.get("name"), f"tools[{index}].function.name"
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            message = f"Invalid '{param}': a function name is 1-64 characters of a-z, A-Z, 0-9, '_' and '-'."
-            raise invalid("invalid_value", message, param)
-        if name in seen:
-            raise invalid("invalid_value", f"Invalid '{param}': another tool is already named '{name}'.", param)
-        seen.add(name)
+        name = function.get("name")
+        name = name if isinstance(name, str) else ""
+        check_tool_name(name, name, seen, f"tools[{index}].function.name")
 
 
 def messages_input(messages: list[Any]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,6 +46,9 @@ TOOL_TYPES = sdk_literal_types(ToolParam)
 CALLABLE_TYPES = frozenset({"function", "custom", "namespace"})
 HOSTED_TYPES = TOOL_TYPES - CALLABLE_TYPES
 
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""As OpenAI: a callable tool's name is 1-64 letters, digits, underscores and dashes."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolOrigin:
@@ -72,7 +76,9 @@ class ChatTools:
 
 
 def validate_tools(tools: list[dict[str, Any]] | None) -> None:
-    """Refuse what no backend could make sense of: an unknown type, a callable tool without a name."""
+    """Refuse what no backend could make sense of: an unknown type, a callable tool without a name or with
+    a name OpenAI refuses, two tools a backend would see under one name."""
+    seen: set[str] = set()
     for index, tool in enumerate(tools or ()):
         param = f"tools[{index}]"
         if not isinstance(tool, dict):
@@ -87,6 +93,8 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
         if kind in CALLABLE_TYPES:
             _require_name(tool, param)
             _require_object(tool, param)
+        if kind in ("function", "custom"):
+            check_tool_name(tool["name"], tool["name"], seen, f"{param}.name")
         if kind == "namespace":
             members = tool.get("tools")
             if not isinstance(members, list) or not members:
@@ -99,6 +107,19 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
                     )
                 _require_name(member, member_param)
                 _require_object(member, member_param)
+                chat = f"{tool['name']}{NAMESPACE_SEPARATOR}{member['name']}"
+                check_tool_name(member["name"], chat, seen, f"{member_param}.name")
+
+
+def check_tool_name(name: str, chat: str, seen: set[str], param: str) -> None:
+    """`name` follows OpenAI's rule, and no earlier tool has the same function name `chat` on a chat backend
+    (its calls could not be told apart); `seen` collects the names so far."""
+    if not TOOL_NAME.fullmatch(name):
+        message = f"Invalid '{param}': a tool name is 1-64 characters of a-z, A-Z, 0-9, '_' and '-'."
+        raise invalid("invalid_value", message, param)
+    if chat in seen:
+        raise invalid("invalid_value", f"Invalid '{param}': another tool is already named '{chat}'.", param)
+    seen.add(chat)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None, hosted: HostedPolicy = "drop") -> ChatTools:

@@ -173,6 +173,30 @@ async def test_a_deployment_that_refuses_hosted_tools_answers_unsupported_tool_a
             completed_ok(second)
 
 
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ([{"type": "function", "name": "look up"}], "tools[0].name"),
+        ([{"type": "function", "name": "f" * 65}], "tools[0].name"),
+        ([{"type": "function", "name": "f"}, {"type": "custom", "name": "f"}], "tools[1].name"),
+    ],
+    ids=["space", "65-chars", "duplicate"],
+)
+async def test_a_tool_name_openai_refuses_is_a_400_naming_it_on_both_transports(make_server, tools, param):
+    server = make_server()
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.responses.create(model=MODEL, input="hi", tools=tools)
+        assert (refused.value.code, refused.value.param) == ("invalid_value", param)
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="hi", store=False)
+            await conn.response.create(model=MODEL, input="x", tools=tools, previous_response_id=first.id)
+            error = await recv_event(conn)
+            assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", param)
+            second = await run_turn(conn, input="more", previous_response_id=first.id, store=False)
+            completed_ok(second)
+
+
 @pytest.mark.parametrize(("policy", "listed"), [(None, True), ("drop", True), ("pass", False)])
 async def test_the_hosted_tool_policy_decides_what_the_metadata_lists(make_server, policy, listed):
     server = make_server(config=_config(policy))

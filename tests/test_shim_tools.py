@@ -107,6 +107,15 @@ def test_hosted_tools_are_refused_under_the_refuse_policy():
             "invalid_value",
             "tools[1].tools[0].type",
         ),
+        ({"type": "function", "name": "look up"}, "invalid_value", "tools[1].name"),
+        ({"type": "function", "name": "f" * 65}, "invalid_value", "tools[1].name"),
+        ({"type": "custom", "name": "lookup"}, "invalid_value", "tools[1].name"),
+        ({"type": "function", "name": "lookup"}, "invalid_value", "tools[1].name"),
+        (
+            {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "a.b"}]},
+            "invalid_value",
+            "tools[1].tools[0].name",
+        ),
     ],
 )
 def test_unknown_or_incomplete_tools_are_refused(tool, code, param):
@@ -229,3 +238,20 @@ async def test_a_call_the_backend_already_reports_as_custom_or_namespaced_passes
     ]
     out = [d async for d in restore_calls(_deltas(*upstream), chat_tools([PATCH, AGENTS]))]
     assert out == upstream
+
+
+def test_a_namespace_member_whose_chat_name_is_taken_is_refused():
+    member = {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "x"}]}
+    with pytest.raises(APIError) as raised:
+        validate_tools([{"type": "function", "name": "ns__x"}, member])
+    assert (raised.value.code, raised.value.param) == ("invalid_value", "tools[1].tools[0].name")
+    assert "'ns__x'" in raised.value.message
+
+
+def test_the_same_member_name_in_two_namespaces_is_two_tools():
+    validate_tools(
+        [
+            {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "x"}]},
+            {"type": "namespace", "name": "b", "tools": [{"type": "function", "name": "x"}]},
+        ]
+    )
