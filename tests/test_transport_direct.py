@@ -170,3 +170,19 @@ def test_with_direct_off_every_turn_goes_through_the_sdk_pipeline(server: Backgr
             history += [*response.output, user(f"more {turn}")]
         assert ws_transport.session_of(client).stats.turns_chained == 2
     assert len(requests.urls) == 3
+
+
+def test_a_client_that_validates_responses_strictly_keeps_the_sdks_pipeline(server: BackgroundServer) -> None:
+    """Its `APIResponseValidationError` carries the HTTP response: only the SDK's pipeline has one to give."""
+    requests = Requests()
+    http = openai.DefaultHttpxClient(event_hooks={"request": [requests]})
+    client = OpenAI(
+        base_url=server.base_url, api_key="k", max_retries=0, http_client=http, _strict_response_validation=True
+    )
+    with ws_transport.wrap(client) as wrapped_client:
+        history: list[Any] = [user("hello")]
+        for turn in range(3):
+            response = wrapped_client.responses.create(model=MODEL, input=history)
+            history += [*response.output, user(f"more {turn}")]
+        assert ws_transport.session_of(wrapped_client).stats.turns_chained == 2
+    assert len(requests.urls) == 3

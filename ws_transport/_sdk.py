@@ -30,6 +30,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import SecurityError
 from websockets.uri import parse_uri
 
+from . import parsing
+
 try:
     from openai.types.websocket_reconnection import is_recoverable_close
 except ImportError:  # openai 1.x: the same close codes, RFC 6455 section 7.4.1
@@ -120,9 +122,20 @@ def request_key(client: Client) -> tuple[Any, ...] | None:
 _PER_CALL_AUTH = ("_api_key_provider", "_workload_identity_auth", "_provider_runtime")
 
 
+def validates_strictly(client: Client) -> bool:
+    """Whether the client validates every response (and raises `APIResponseValidationError` on a bad one)."""
+    return bool(client._strict_response_validation)
+
+
 def parse_response(client: Client, data: dict[str, Any]) -> Response:
-    """The `Response` the SDK makes of this JSON when it is an HTTP body with no request id."""
-    parsed: Response = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
+    """The `Response` the SDK makes of this JSON when it is an HTTP body with no request id.
+
+    Built by pydantic-core where that gives the SDK's own object (`parsing.py`), else by the SDK's parser;
+    a client with `_strict_response_validation` always gets the SDK's (it raises on invalid input).
+    """
+    parsed = None if validates_strictly(client) else parsing.parse(Response, data)
+    if parsed is None:
+        parsed = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
     add_request_id(parsed, None)
     return parsed
 

@@ -14,7 +14,9 @@ is on: httpx event hooks and HTTP instrumentation do not see the turns it takes)
   custom headers) are still the ones it had then;
 - the call is not streaming and passes no `extra_headers`, `extra_query` or `timeout` (the SDK's
   raw and streaming response wrappers pass `extra_headers`);
-- the client authenticates with a plain API key (`_sdk.plain_auth`).
+- the client authenticates with a plain API key (`_sdk.request_key`);
+- the client does not validate responses strictly (`_strict_response_validation`: the SDK's
+  pipeline raises its `APIResponseValidationError`, which needs the HTTP response).
 A turn that does not end in a response (an error event, a lost socket, a timeout, a fall back to
 HTTP, a closed client) goes again through the SDK's own path, which raises or retries exactly as it does over
 HTTP; an error costs that one more round trip.
@@ -75,6 +77,7 @@ class DirectPath:
             or turn.stream
             or turn.chat is not None
             or self.session.state is not SessionState.WEBSOCKET
+            or _sdk.validates_strictly(self.client)
         ):
             return False
         if any(kwargs.get(name) for name in PER_CALL) or "timeout" in _sdk.given(kwargs):

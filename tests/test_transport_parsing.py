@@ -1,0 +1,262 @@
+"""`ws_transport.parsing`: the SDK's `Response` built by pydantic-core is the object the SDK's own parser builds.
+
+The reference is the installed SDK's non-strict parser (`construct_type`, what
+`client._process_response_data` runs for a JSON body). Compared field by field, with the fields
+each model records as set and its extra fields (`tests/support/sdk_shapes.difference`), over:
+random JSON of every shape the installed SDK's `Response` annotations allow, mutants of it
+(fields dropped, added, retyped; unknown item types), the cases the fast path must leave to the
+SDK (a field the SDK marks required missing, an integer a float cannot hold), and the responses
+the shim itself sends for every kind of turn, which must take the fast path.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+from openai._models import BaseModel as SDKModel
+from openai._models import add_request_id, construct_type
+from openai.types.responses import Response
+
+import ws_transport
+from server_shim import BackgroundServer, Settings, create_app
+from tests.support.sdk_shapes import difference, shape
+from ws_transport import _sdk, parsing
+
+MODEL = "simulated-1"
+WRONG_VALUES = (1, "1", 1.0, 2.5, "2.5", True, "true", None, [], {}, "x", 2**70, -1, 2**53 + 1, {"type": "zz"})
+
+
+def sdk_parse(cls: type[Any], data: Any) -> Any:
+    """What the SDK's parser makes of a JSON body for `cls` (a client without strict response validation)."""
+    return construct_type(type_=cls, value=data)
+
+
+def sdk_response(client: OpenAI, data: dict[str, Any]) -> Response:
+    """The `Response` the SDK makes of a JSON body with no request id (what `_sdk.parse_response` replaces)."""
+    parsed: Response = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
+    add_request_id(parsed, None)
+    return parsed
+
+
+def assert_same_as_sdk(cls: type[Any], data: Any) -> Any:
+    """The fast parse, when it answers, is the SDK's object; returns it (None: the SDK's parser decides)."""
+    reference = copy.deepcopy(data)
+    fast = parsing.parse(cls, data)
+    assert data == reference, "parsing must not change the JSON it reads"
+    if fast is not None:
+        assert difference(fast, sdk_parse(cls, data)) is None, difference(fast, sdk_parse(cls, data))
+        assert fast == sdk_parse(cls, data)
+    return fast
+
+
+def test_the_installed_sdks_response_has_a_fast_path() -> None:
+    assert parsing.Model.build(Response) is not None
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_valid_shape_of_the_sdks_response_parses_fast_to_the_sdks_object(seed: int) -> None:
+    data = shape(Response, random.Random(seed))
+    assert assert_same_as_sdk(Response, data) is not None, "valid JSON of every shape takes the fast path"
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*path, key))
+
+
+def mutant(data: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """`data` with one change somewhere: a field dropped or added, a value retyped, an unknown item type."""
+    data = copy.deepcopy(data)
+    path = rng.choice([p for p in _paths(data) if p])
+    parent: Any = data
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    change = rng.choice(("drop", "extra", "retype", "retype", "unknown type"))
+    if change == "drop" and isinstance(parent, dict):
+        del parent[key]
+    elif change == "extra" and isinstance(target := parent[key] if isinstance(parent[key], dict) else parent, dict):
+        target["zz_extra"] = rng.choice((1, "s", {"type": "message"}, [1.5], None))
+    elif change == "unknown type" and isinstance(parent[key], dict):
+        parent[key]["type"] = "zz_unknown"
+    else:
+        parent[key] = rng.choice(WRONG_VALUES)
+    return data
+
+
+def test_mutants_parse_to_the_sdks_object_or_are_left_to_the_sdk() -> None:
+    fast = 0
+    for seed in range(1500):
+        rng = random.Random(seed)
+        data = mutant(shape(Response, rng), rng)
+        try:
+            sdk_parse(Response, data)
+        except Exception:
+            assert parsing.parse(Response, data) is None, "what the SDK cannot parse is the SDK's to raise on"
+            continue
+        fast += assert_same_as_sdk(Response, data) is not None
+    assert 300 < fast < 1500, "both outcomes came up"
+
+
+def _valid() -> dict[str, Any]:
+    return shape(Response, random.Random(0))
+
+
+def test_extra_fields_are_kept_and_not_counted_as_set_where_the_sdk_constructs() -> None:
+    data = {**_valid(), "store": False, "zz_new_field": {"nested": [1, 2]}}
+    parsed = assert_same_as_sdk(Response, data)
+    assert parsed is not None
+    assert parsed.zz_new_field == {"nested": [1, 2]}  # type: ignore[attr-defined]
+    assert "zz_new_field" not in parsed.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.pop("parallel_tool_calls"),  # required by the SDK's model
+        lambda d: d.update(created_at=2**53 + 1),  # the SDK keeps the int, a float cannot hold it
+        lambda d: d.update(created_at="1700000000"),  # the SDK keeps the string
+        lambda d: d.update(parallel_tool_calls=1),
+        lambda d: d.update(output=[{"type": "zz_future_item", "id": "x"}]),
+        lambda d: d.update(usage={"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}),  # details missing
+    ],
+)
+def test_what_validation_would_read_otherwise_is_left_to_the_sdk(change: Any) -> None:
+    data = _valid()
+    change(data)
+    assert parsing.parse(Response, data) is None
+    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    assert difference(_sdk.parse_response(client, data), sdk_response(client, data)) is None
+
+
+def test_a_client_with_strict_response_validation_gets_the_sdks_own_validation() -> None:
+    strict = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1", _strict_response_validation=True)
+    data = {**_valid(), "zz_extra": 1}
+    assert difference(_sdk.parse_response(strict, data), sdk_response(strict, data)) is None
+    assert "zz_extra" in _sdk.parse_response(strict, data).model_fields_set, "the SDK validated: extras count as set"
+
+
+class Inner(SDKModel):
+    ratio: float
+    name: str
+
+
+class Outer(SDKModel):
+    """A model with fields the SDK constructs below the top (Response has none in current releases)."""
+
+    inner: Inner
+    tags: list[str]
+    maybe: Inner | None = None
+
+
+class Unsupported(SDKModel):
+    values: list[float]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"inner": {"ratio": 1, "name": "a"}, "tags": ["x"]},
+        {"inner": {"ratio": 1, "name": "a", "zz": 1}, "tags": [], "zz_top": True},
+        {"inner": {"ratio": 2**53 + 1, "name": "a"}, "tags": []},
+        {"inner": {"ratio": 1.5, "name": "a"}, "tags": [], "maybe": {"ratio": 2**53 + 1, "name": "b", "zz": 2}},
+        {"inner": {"ratio": "1.5", "name": "a"}, "tags": []},
+    ],
+)
+def test_models_constructed_below_the_top_are_settled_the_same_way(data: dict[str, Any]) -> None:
+    assert parsing.Model.build(Outer) is not None
+    assert_same_as_sdk(Outer, data)
+
+
+def test_a_model_whose_constructed_fields_cannot_be_settled_has_no_fast_path() -> None:
+    assert parsing.Model.build(Unsupported) is None
+    assert parsing.parse(Unsupported, {"values": [1, 2.5]}) is None
+
+
+# The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.
+
+FUNCTION = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+CUSTOM = {"type": "custom", "name": "patch", "description": "a patch"}
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+LONG = {
+    "type": "object",
+    "properties": {f"field_{i}": {"type": "string"} for i in range(20)},
+    "required": [f"field_{i}" for i in range(20)],
+    "additionalProperties": False,
+}
+"""Structured output longer than 16 tokens: the simulator cuts it, `incomplete`."""
+TURNS: dict[str, dict[str, Any]] = {
+    "text": {"input": "hello"},
+    "function call": {"input": 'call lookup {"n": 1}', "tools": [FUNCTION]},
+    "custom tool call": {"input": "call patch {}", "tools": [CUSTOM], "tool_choice": "required"},
+    "structured output": {"input": "n?", "text": {"format": {"type": "json_schema", "name": "n", "schema": SCHEMA}}},
+    "incomplete": {
+        "input": "x",
+        "max_output_tokens": 16,
+        "text": {"format": {"type": "json_schema", "name": "n", "schema": LONG}},
+    },
+    "every request field": {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        "instructions": "be brief",
+        "metadata": {"k": "v"},
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "reasoning": {"effort": "low"},
+        "tool_choice": {"type": "function", "name": "lookup"},
+        "tools": [FUNCTION, {"type": "web_search"}],
+        "parallel_tool_calls": False,
+        "prompt_cache_key": "key",
+        "safety_identifier": "user-1",
+        "truncation": "auto",
+        "max_tool_calls": 3,
+        "top_logprobs": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    settings = Settings(usage_ledger="off")
+    with BackgroundServer(create_app(settings), settings) as running:
+        yield running
+
+
+def stored_json(server: BackgroundServer, response_id: str) -> dict[str, Any]:
+    """The response as the shim serves it (the same JSON as its terminal event)."""
+    request = urllib.request.Request(
+        f"{server.base_url}/responses/{response_id}", headers={"authorization": "Bearer k"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", list(TURNS))
+def test_the_shims_responses_take_the_fast_path_and_read_as_over_http(server: BackgroundServer, kind: str) -> None:
+    sdk_parses: list[Any] = []
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    sdk_parser = client._process_response_data
+
+    def counted(**kwargs: Any) -> Any:
+        sdk_parses.append(kwargs["cast_to"])
+        return sdk_parser(**kwargs)
+
+    client._process_response_data = counted  # type: ignore[method-assign]
+    with ws_transport.wrap(client) as wrapped:
+        wrapped.responses.create(model=MODEL, input="first turn: the SDK's pipeline, which teaches the direct path")
+        before = len(sdk_parses)
+        response = wrapped.responses.create(model=MODEL, store=True, **TURNS[kind])
+        assert sdk_parses[before:] == [], "the direct turn's Response was built without the SDK's parser"
+    assert response.output and (response.status == "incomplete") == (kind == "incomplete")
+    raw = stored_json(server, response.id)
+    assert parsing.parse(Response, raw) is not None, "the shim sends every field the installed SDK requires"
+    over_http = OpenAI(base_url=server.base_url, api_key="k", max_retries=0).responses.retrieve(response.id)
+    assert difference(response, over_http) is None, (kind, difference(response, over_http))
