@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,24 +19,36 @@ Event = dict[str, Any]
 
 ID_BYTES = 16
 _ID_BATCH = 256
-_ids: list[str] = []
-"""Random 128-bit suffixes ready for use; `list.pop` hands each out once, even across threads."""
+_random = bytearray(ID_BYTES * _ID_BATCH)
+"""Random bytes for the next ids, read from `os.urandom` a batch at a time; `_unused[0]` of them not handed out yet.
+
+Kept as bytes, not as ready-made id strings: strings made ahead would outlive the burst of turns that
+made them, scattered over its memory (Python's allocator returns a 1 MiB arena only once nothing in it
+is alive). The buffer and the count are made once, at import, and updated in place."""
+_unused = array("l", [0])
+_id_lock = threading.Lock()
 
 
 def new_id(prefix: str) -> str:
     """`prefix_` and 128 random bits in hex, as unguessable as `uuid4` but without a syscall per id.
 
     The bits come from `os.urandom` read 256 ids at a time; a forked worker starts a batch of its own.
+    Each bit is handed out once, even to servers running in several threads.
     """
-    while True:
-        try:
-            return f"{prefix}_{_ids.pop()}"
-        except IndexError:
-            batch = os.urandom(ID_BYTES * _ID_BATCH)
-            _ids.extend(batch[n : n + ID_BYTES].hex() for n in range(0, len(batch), ID_BYTES))
+    with _id_lock:
+        end = _unused[0]
+        if end < ID_BYTES:
+            _random[:] = os.urandom(len(_random))
+            end = len(_random)
+        _unused[0] = end - ID_BYTES
+        return f"{prefix}_{_random[end - ID_BYTES : end].hex()}"
 
 
-os.register_at_fork(after_in_child=_ids.clear)
+def _after_fork() -> None:
+    _unused[0] = 0
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class EventSequence:

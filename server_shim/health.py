@@ -7,6 +7,7 @@ passes from the clock it was given, so tests drive the breaker by advancing a nu
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -70,17 +71,19 @@ class TokenWindow:
 
     Counted in one-second buckets, so the window holds a fixed handful of numbers however many
     turns pass: an entry per turn grew without bound where nothing read the total, and entries
-    made during a burst of clients outlived it, pinning allocator pages the burst freed.
+    made during a burst of clients outlived it, pinning allocator pages the burst freed. The
+    buckets are C integers updated in place, for the same reason: a list would hold a new int
+    object per update, allocated in the burst's memory and alive after it.
     """
 
     window_s: float = 60.0
-    _seconds: list[int] = field(default_factory=list)
-    _counts: list[int] = field(default_factory=list)
+    _seconds: array[int] = field(default_factory=lambda: array("q"))
+    _counts: array[int] = field(default_factory=lambda: array("q"))
 
     def __post_init__(self) -> None:
         size = max(1, math.ceil(self.window_s))
-        self._seconds = [-1] * size
-        self._counts = [0] * size
+        self._seconds = array("q", [-1]) * size
+        self._counts = array("q", [0]) * size
 
     def record(self, tokens: int, now: float) -> None:
         second = math.floor(now)

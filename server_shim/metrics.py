@@ -17,6 +17,8 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
+from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,8 +32,63 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client import values as client_values
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class InPlaceValue:
+    """A metric value kept as a C double and updated in place: what prometheus-client's `MutexValue` does, minus
+    a new float object per update.
+
+    `MutexValue` replaces its float at every `inc`, so each counter, bucket and sum holds the float its
+    last update made: after a burst of clients that is a long-lived object allocated wherever pymalloc
+    had room during the burst, and a handful of them keep the allocator from returning the 1 MiB arenas
+    the burst opened (README, "Load"). Here the double lives in a buffer made once with the metric.
+    """
+
+    _multiprocess = False
+    __slots__ = ("_cell", "_exemplar", "_lock")
+
+    def __init__(self, value: float = 0.0) -> None:
+        self._cell = array("d", (value,))
+        self._exemplar: Any = None
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float) -> None:
+        with self._lock:
+            self._cell[0] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        with self._lock:
+            self._cell[0] = value
+
+    def get(self) -> float:
+        with self._lock:
+            return self._cell[0]
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        with self._lock:
+            self._exemplar = exemplar
+
+    def get_exemplar(self) -> Any:
+        with self._lock:
+            return self._exemplar
+
+
+def in_place(metric: Any) -> Any:
+    """`metric` (an unlabelled metric or a child) with its `MutexValue`s turned into `InPlaceValue`s.
+
+    Values of other kinds are left as they are: the multiprocess ones already live in a shared file.
+    """
+    for name in ("_value", "_sum", "_count"):
+        value = getattr(metric, name, None)
+        if type(value) is client_values.MutexValue:
+            setattr(metric, name, InPlaceValue(value.get()))
+    buckets = getattr(metric, "_buckets", None)
+    if isinstance(buckets, list):
+        buckets[:] = [InPlaceValue(b.get()) if type(b) is client_values.MutexValue else b for b in buckets]
+    return metric
 
 
 class _Labelled:
@@ -39,7 +96,8 @@ class _Labelled:
 
     prometheus-client's `labels()` validates and locks on every call (about 3 us); a turn records a
     dozen labelled values, so the children are kept here. Label values are bounded sets (stages,
-    deployments, transports, statuses, error codes), so the dict stays small.
+    deployments, transports, statuses, error codes), so the dict stays small. Each child's values
+    are `InPlaceValue`s.
     """
 
     def __init__(self, metric: Any) -> None:
@@ -49,7 +107,7 @@ class _Labelled:
     def labels(self, *values: str) -> Any:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.metric.labels(*values)
+            child = self._children[values] = in_place(self.metric.labels(*values))
         return child
 
 
@@ -76,10 +134,12 @@ STAGE_SECONDS = _Labelled(
         buckets=sorted({*_FAST, *_SLOW}),
     )
 )
-SHIM_OVERHEAD_SECONDS = Histogram(
-    "responses_ws_shim_overhead_seconds",
-    "Time per turn spent in the shim's own stages (resolve, validate, render, route, finalize)",
-    buckets=_FAST,
+SHIM_OVERHEAD_SECONDS = in_place(
+    Histogram(
+        "responses_ws_shim_overhead_seconds",
+        "Time per turn spent in the shim's own stages (resolve, validate, render, route, finalize)",
+        buckets=_FAST,
+    )
 )
 TTFT_SECONDS = _Labelled(
     Histogram(
@@ -105,9 +165,15 @@ PLUGIN_SECONDS = _Labelled(
         buckets=_FAST,
     )
 )
-CONNECTIONS = Gauge("responses_ws_active_connections", "Open WebSocket connections", multiprocess_mode="livesum")
-LANES = Gauge(
-    "responses_ws_active_lanes", "Lanes (stream_id queues) with work, over all connections", multiprocess_mode="livesum"
+CONNECTIONS = in_place(
+    Gauge("responses_ws_active_connections", "Open WebSocket connections", multiprocess_mode="livesum")
+)
+LANES = in_place(
+    Gauge(
+        "responses_ws_active_lanes",
+        "Lanes (stream_id queues) with work, over all connections",
+        multiprocess_mode="livesum",
+    )
 )
 CACHE_LOOKUPS = _Labelled(
     Counter(
@@ -119,8 +185,10 @@ CACHE_LOOKUPS = _Labelled(
 CACHE_EVICTIONS = _Labelled(
     Counter("responses_ws_cache_evictions", "Responses dropped from connection caches", ["reason"])
 )
-CACHE_BYTES = Gauge(
-    "responses_ws_cache_bytes", "Bytes held by the connection caches (size estimate)", multiprocess_mode="livesum"
+CACHE_BYTES = in_place(
+    Gauge(
+        "responses_ws_cache_bytes", "Bytes held by the connection caches (size estimate)", multiprocess_mode="livesum"
+    )
 )
 STORE_OPERATIONS = _Labelled(
     Counter("responses_ws_store_operations", "Response store reads and writes", ["operation", "result"])

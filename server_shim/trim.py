@@ -1,7 +1,9 @@
 """The heap: start-up objects frozen, raised GC thresholds, and freed memory given back after connections close.
 
-Once per burst of closes (`delay_s` after its last, see `trim_at`): a full garbage collection, then
-`malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
+Once per burst of closes (`delay_s` after its last, see `trim_at`): the Prometheus observations still
+held applied (`metrics.flush_turns`: the values a batch holds are per-turn floats allocated all over
+the burst's memory, and Python's allocator returns a 1 MiB arena only once nothing in it is alive),
+a full garbage collection, then `malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
 thresholds (`GC_THRESHOLDS`), so a full collection otherwise comes only after millions of
 allocations: whatever a closed connection left in reference cycles (asyncio's transports are
 one) would wait for it. It walks only objects made since start-up (the start-up heap is frozen),
@@ -17,7 +19,9 @@ import ctypes.util
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from . import metrics
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -80,6 +84,8 @@ class Trimmer:
     delay_s: float = 1.0
     max_wait_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
+    settle: tuple[Callable[[], None], ...] = field(default=(metrics.flush_turns,))
+    """Run before the collection: each lets go of what it held from the burst."""
     _first: float | None = None
     _last: float = 0.0
     _allowed: float = 0.0
@@ -107,6 +113,8 @@ class Trimmer:
             self._arm(began)
             return
         self._first = None
+        for settle in self.settle:
+            settle()
         gc.collect()
         ended = self.clock()
         self._allowed = next_allowed(ended, ended - began)

@@ -3,6 +3,9 @@
 The load suite (`python -m benchmarks load`) measures RSS; these check the causes it found, each on its own:
 a closed connection's objects waited for a full collection (a cycle through the scope), the router's
 token window kept an entry per turn forever, and nothing ran that full collection after a burst.
+With Python's allocator, an object made during a burst and alive after it keeps the 1 MiB arena it
+sits in from going back to the system: what is updated once per turn (metric values, the token
+window, ids made ahead) must leave no object of its own behind (`left_alive`).
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ import asyncio
 import contextlib
 import gc
 import json
+import tracemalloc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from support.wire import MODEL, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
+from server_shim import events, health, metrics
+from server_shim.events import new_id
 from server_shim.health import TokenWindow
 from server_shim.trim import GC_SHARE, Trimmer, allocator_line, next_allowed, trim_at
 from server_shim.ws_protocol import ShimWebSocketProtocol
@@ -97,3 +104,83 @@ def test_the_start_up_line_on_memory_names_the_allocator_in_use():
     assert "PYTHONMALLOC=malloc gives it back" in allocator_line(None)
     assert "PYTHONMALLOC=malloc gives it back" in allocator_line("pymalloc")
     assert "goes back to the system" in allocator_line("malloc")
+
+
+def left_alive(action: Callable[[], object], *files: str) -> list[tracemalloc.Trace]:
+    """The blocks allocated in `files` while `action` ran that are still alive after it (tracemalloc:
+    blind to floats, which come from a free list once one was freed)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        action()
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    return list(snapshot.filter_traces([tracemalloc.Filter(True, name) for name in files]).traces)
+
+
+def held_objects(metric) -> set[int]:
+    """What the metric's values refer to (floats are recycled through a free list tracemalloc does not see)."""
+    held = [getattr(metric, name) for name in ("_value", "_sum") if hasattr(metric, name)]
+    held += getattr(metric, "_buckets", [])
+    return {id(obj) for value in held for obj in gc.get_referents(value)}
+
+
+def test_a_prometheus_value_as_the_library_keeps_it_holds_a_new_float_after_each_update():
+    plain = Counter("plain_updates", "updates", registry=CollectorRegistry())
+    before = held_objects(plain)
+    plain.inc()
+    assert held_objects(plain) != before
+
+
+def test_metric_updates_change_no_object_the_values_hold():
+    counter = metrics.TURNS.labels("websocket", "arena-test", "completed")
+    histogram = metrics.STAGE_SECONDS.labels("resolve")
+    updated = (counter, histogram, metrics.SHIM_OVERHEAD_SECONDS, metrics.CONNECTIONS, metrics.CACHE_BYTES)
+    before = [held_objects(metric) for metric in updated]
+    counts, total = counter._value.get(), histogram._sum.get()
+    for n in range(1_000):
+        counter.inc()
+        histogram.observe(n / 1_000)
+        metrics.SHIM_OVERHEAD_SECONDS.observe(0.001)
+        metrics.CONNECTIONS.inc()
+        metrics.CACHE_BYTES.inc(5_000)
+    metrics.CONNECTIONS.dec(1_000)
+    metrics.CACHE_BYTES.dec(5_000_000)
+    assert [held_objects(metric) for metric in updated] == before
+    assert counter._value.get() == counts + 1_000
+    assert histogram._sum.get() == pytest.approx(total + sum(n / 1_000 for n in range(1_000)))
+
+
+def test_held_turn_observations_once_applied_leave_no_object_behind():
+    def turn() -> None:
+        stages = {"resolve": 0.001, "stream": 0.02}
+        usage = {"input": 1_000, "cached": 300, "output": 400}
+        metrics.observe_turn("websocket", "arena-test", "completed", stages, usage, 0.01, 0.03, {"check": 0.0})
+
+    turn()  # the children for these labels: made once, kept on purpose
+    metrics.flush_turns()
+    assert left_alive(lambda: ([turn() for _ in range(600)], metrics.flush_turns()), metrics.__file__) == []
+
+
+def test_the_token_window_updates_its_buckets_in_place():
+    window = TokenWindow()
+    assert left_alive(lambda: [window.record(1_000, now=18_000 + n * 0.5) for n in range(500)], health.__file__) == []
+    assert window.total(now=18_249.5) == 60 * 2 * 1_000
+
+
+def test_ids_are_made_when_asked_for_not_ahead():
+    assert left_alive(lambda: [new_id("resp") for _ in range(600)], events.__file__) == []
+    ids = [new_id("resp") for _ in range(3 * 256)]
+    assert len(set(ids)) == len(ids) and all(len(i) == len("resp_") + 32 for i in ids)
+
+
+async def test_the_trim_after_a_burst_applies_the_held_observations_before_collecting():
+    labels = {"transport": "websocket", "deployment": "trim-test", "status": "completed"}
+    before = REGISTRY.get_sample_value("responses_ws_turns_total", labels) or 0.0
+    metrics.observe_turn("websocket", "trim-test", "completed", {"resolve": 0.001}, {}, None, 0.01)
+    assert REGISTRY.get_sample_value("responses_ws_turns_total", labels) == before  # held, not applied yet
+    trimmer = Trimmer(delay_s=0.0)
+    trimmer.maybe_trim()
+    assert await _until(lambda: REGISTRY.get_sample_value("responses_ws_turns_total", labels) == before + 1)
