@@ -1,6 +1,6 @@
-"""Instructions per chained WebSocket turn in the shim's process, counted by valgrind (callgrind).
+"""Instructions per chained WebSocket turn in the shim's process and in the floor server's, counted by valgrind (callgrind).
 
-    python -m benchmarks.instructions [CHECKOUT ...] [--turns 300] [--tokens 1] [--connections 1]
+    python -m benchmarks.instructions [CHECKOUT ...] [--turns 300] [--tokens 1] [--connections 1] [--keep DIR]
 
 CPU time on a shared machine moves with the load by more than most single changes save; an
 instruction count does not. Each CHECKOUT (a directory holding a `server_shim/`, default this
@@ -8,7 +8,11 @@ one) is served by `responses-ws serve` under `valgrind --tool=callgrind`, instru
 the turns run (after 20 warm-up turns): the floor suite's lean client sends chained
 `response.create` frames, and the count over them is divided by the turns. The usage ledger
 gets a file of its own per checkout and is flushed only at exit, so the count does not depend on
-how long the run took. Needs valgrind on PATH; a run takes about 30 s.
+how long the run took. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
+the first checkout's shim sent for such a turn) is counted the same way, and each checkout's
+count is printed as a ratio to it: the deterministic counterpart of the floor suite's CPU ratio.
+`--keep DIR` keeps each callgrind output (`DIR/shim-<i>.callgrind`, `DIR/floor.callgrind`) for `callgrind_annotate`.
+Needs valgrind on PATH; a run takes about a minute.
 """
 
 from __future__ import annotations
@@ -17,47 +21,82 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+
 from .common import Subprocess, free_port, shim_command
-from .floor import Frames, measure
+from .floor import Frames, capture, measure
 
 WARM_UP_TURNS = 20
+Server = Callable[[int, Path], list[str]]  # (port, scratch directory) -> the command serving on that port
 
 
-def count(checkout: Path, *, connections: int, turns: int, tokens: int) -> float:
-    """Instructions per turn of the shim served from `checkout`."""
+def count(
+    server: Server,
+    cwd: Path,
+    *,
+    connections: int,
+    turns: int,
+    tokens: int,
+    env: dict[str, str],
+    keep: Path | None = None,
+    before: Callable[[str], None] | None = None,
+) -> float:
+    """Instructions per turn of the server `server` starts under callgrind (its output copied to `keep`).
+
+    `before(url)` runs once the server is up, before any turn is counted.
+    """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(checkout),
-            PYTHONHASHSEED="0",
-            RESPONSES_WS_USAGE_PATH=str(Path(scratch) / "usage.db"),
-            RESPONSES_WS_USAGE_FLUSH_INTERVAL_S="100000",
-        )
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/cg.out"]
+        out = Path(scratch) / "cg.out"
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
         log = Path(scratch) / "serve.log"
         url = f"ws://127.0.0.1:{port}/v1/responses"
         ready = f"http://127.0.0.1:{port}/healthz"
-        shim = Subprocess(
-            cmd + shim_command(port), ready_url=ready, log_path=log, env=env, cwd=checkout, ready_timeout_s=300
+        proc = Subprocess(
+            cmd + server(port, Path(scratch)),
+            ready_url=ready,
+            log_path=log,
+            env=dict(os.environ, PYTHONHASHSEED="0", **env),
+            cwd=cwd,
+            ready_timeout_s=300,
         )
-        with shim:
-            asyncio.run(measure(url, shim.pid, Frames(tokens), connections, WARM_UP_TURNS))
-            subprocess.run(["callgrind_control", "-i", "on", str(shim.pid)], check=True, capture_output=True)
-            asyncio.run(measure(url, shim.pid, Frames(tokens), connections, turns))
-            subprocess.run(["callgrind_control", "-i", "off", str(shim.pid)], check=True, capture_output=True)
-            assert shim.proc is not None
-            shim.proc.send_signal(signal.SIGINT)  # a clean exit, after which valgrind prints its count
-            shim.proc.wait(timeout=600)
+        with proc:
+            if before is not None:
+                before(url)
+            asyncio.run(measure(url, proc.pid, Frames(tokens), connections, WARM_UP_TURNS))
+            subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+            asyncio.run(measure(url, proc.pid, Frames(tokens), connections, turns))
+            subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGINT)  # a clean exit, after which valgrind prints its count
+            proc.proc.wait(timeout=600)
         found = re.search(r"Collected : (\d+)", log.read_text(errors="replace"))
         if found is None:
-            raise RuntimeError(f"no instruction count from valgrind: {shim.log_tail()}")
+            raise RuntimeError(f"no instruction count from valgrind: {proc.log_tail()}")
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out, keep)
     return int(found.group(1)) / (connections * turns)
+
+
+def shim(port: int, scratch: Path) -> list[str]:
+    return shim_command(port)
+
+
+def shim_env(checkout: Path, scratch: Path) -> dict[str, str]:
+    return {
+        "PYTHONPATH": str(checkout),
+        "RESPONSES_WS_USAGE_PATH": str(scratch / "usage.db"),
+        "RESPONSES_WS_USAGE_FLUSH_INTERVAL_S": "100000",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +105,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--tokens", type=int, default=1, help="output tokens per turn")
     parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="keep each callgrind output in this directory")
     args = parser.parse_args(argv)
-    for checkout in args.checkouts:
-        per_turn = count(checkout.resolve(), connections=args.connections, turns=args.turns, tokens=args.tokens)
-        print(f"{checkout}: {per_turn:,.0f} instructions per turn", flush=True)
+    shape = {"connections": args.connections, "turns": args.turns, "tokens": args.tokens}
+    replies: dict[str, list[str]] = {}
+
+    def remember(url: str) -> None:
+        if not replies:
+            replies.update(asyncio.run(capture(url)))
+
+    counts = {}
+    with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
+        for i, checkout in enumerate(args.checkouts):
+            checkout = checkout.resolve()
+            own = Path(scratch) / str(i)
+            own.mkdir()
+            keep = None if args.keep is None else args.keep / f"shim-{i}.callgrind"
+            per_turn = count(shim, checkout, env=shim_env(checkout, own), keep=keep, before=remember, **shape)
+            counts[checkout] = per_turn
+            print(f"{checkout}: {per_turn:,.0f} instructions per turn", flush=True)
+        events = Path(scratch) / "floor-events.json"
+        events.write_bytes(orjson.dumps(replies))
+
+        def floor(port: int, _: Path) -> list[str]:
+            return [sys.executable, "-m", "benchmarks.floor_server", str(port), str(events)]
+
+        here = Path(__file__).resolve().parent.parent
+        keep = None if args.keep is None else args.keep / "floor.callgrind"
+        floor_per_turn = count(floor, here, env={"PYTHONPATH": str(here)}, keep=keep, **shape)
+    print(f"floor server: {floor_per_turn:,.0f} instructions per turn", flush=True)
+    for checkout, per_turn in counts.items():
+        print(f"{checkout}: {per_turn / floor_per_turn:.2f}x the floor's instructions per turn", flush=True)
     return 0
 
 
