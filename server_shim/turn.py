@@ -13,9 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Set
+from typing import Any
 
 from . import metrics
-from .backends.base import BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
+from .backends.base import Carry, Routed, TextDelta, ToolCallDelta, Usage
 from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import CheckRefused, PendingChecks, gated, prepare_checks
@@ -26,12 +27,11 @@ from .history import History
 from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
 from .postinference import TurnInfo
-from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import run_classifiers, run_validators
 from .state import ConnectionCache, ResponseState, shared_tools
 from .steer import SteerSlot
-from .tokens import TokenCount, account
+from .tokens import Counted, TokenCount, account
 from .tools import plan_tools, restore_calls
 from .truncation import fit_history
 from .turn_plan import TurnEnv, TurnPlan, TurnResult, resolve_previous, served_models
@@ -71,6 +71,8 @@ class Turn:
         """Steering queued on this response (WebSocket only); checked between deltas."""
         self._assembler: OutputAssembler | None = None
         self._created_at = 0.0
+        self._echoed: dict[str, Any] | None = None
+        self._counted: Counted | None = None
         self._produced = 0
         """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
         self.ends_at_stop_sequence = False
@@ -171,127 +173,129 @@ class Turn:
         return self._plan.chat_tools
 
     async def events(self) -> AsyncGenerator[Event, None]:
+        """The response's events, in one generator (a layer per event is what a 1-token turn spends most on)."""
         await self.prepare()
         plan = self._plan
         assert plan is not None
-        pending = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
+        checks = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
         counter = self.env.token_counter(self.request.model)
         plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
-            async with contextlib.aclosing(self._events(plan, pending)) as events:
-                async for event in events:
+            pending = self._start(plan)
+            yield self.seq("response.created", response=pending)
+            yield self.seq("response.in_progress", response=pending)
+            assembler = self._assembler = OutputAssembler(self.seq)
+            steered = False
+            stages = self.result.stages
+            stages.restart()
+            if self.request.generate is not False:
+                failure: BackendError | APIError | None = None
+                try:
+                    async with (
+                        contextlib.aclosing(
+                            self.env.backend.stream(plan.backend_request(self.request, self.connection_id, stages))
+                        ) as raw,
+                        contextlib.aclosing(restore_calls(raw, plan.tools, self.request.max_tool_calls)) as restored,
+                        contextlib.aclosing(gated(restored, checks)) as deltas,
+                    ):
+                        async for delta in deltas:
+                            if isinstance(delta, (Carry, Routed)):
+                                plan.route(delta)
+                                continue
+                            if self._first_token is None:
+                                self._first_token = time.monotonic()
+                            if isinstance(delta, (TextDelta, ToolCallDelta)):
+                                self._produced += 1
+                            for event in assembler.feed(delta):
+                                stages.mark_first_token()
+                                yield event
+                            if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
+                                steered = True  # a safe output boundary: stop here, the successor takes the input
+                                break
+                except CheckRefused as refused:
+                    failure = refused.error
+                except BackendError as exc:
+                    failure = exc
+                except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
+                    log.exception("backend %s raised unexpectedly", self.env.backend.name)
+                    failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
+                stages.mark("stream" if stages.first_token is not None else "backend_ttft")
+                self._deployment = self.result.deployment = plan.deployment
+                if failure is not None:
+                    for event in self._fail(failure, assembler):
+                        yield event
+                    return
+            try:
+                await checks.outcome(plan.checks)
+            except APIError as error:  # a check that does not hold the first token refused (or failed) late
+                for event in self._fail(error, assembler):
                     yield event
+                return
+            reason = await self._outcome(plan, checks, steered)
+            for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
+                yield event
+            yield await self._complete(plan, reason)
         finally:
             self.env.running.ended(self.response_id)
             if self.response_id is not None and self.result.response is None:
                 self._abandoned(plan)
-            pending.cancel()
+            checks.cancel()
             plan.counting.cancel()
 
-    async def _events(self, plan: TurnPlan, checks: PendingChecks) -> AsyncGenerator[Event, None]:
+    def _start(self, plan: TurnPlan) -> Event:
+        """Start the response: its id, and the Response object `in_progress`."""
         request = self.request
         response_id = self.response_id = new_id("resp")
         if request.stores:
             self.env.running.started(response_id, self.tenant)
-        created_at = self._created_at = time.time()
+        self._created_at = time.time()
         self._started = time.monotonic()
-        echoed = echoed_fields(request)
-        pending = response_object(
-            response_id, request, status="in_progress", created_at=created_at, labels=plan.labels, echoed=echoed
+        self._echoed = echoed_fields(request)
+        return response_object(
+            response_id,
+            request,
+            status="in_progress",
+            created_at=self._created_at,
+            labels=plan.labels,
+            echoed=self._echoed,
         )
-        yield self.seq("response.created", response=pending)
-        yield self.seq("response.in_progress", response=pending)
 
-        assembler = self._assembler = OutputAssembler(self.seq)
-        steered = False
-        stages = self.result.stages
-        stages.restart()
-        if request.generate is not False:
-            backend_request = BackendRequest(
-                model=request.model,
-                history=plan.sent_history,
-                instructions=request.instructions,
-                tools=plan.backend_tools,
-                tool_choice=request.tool_choice,
-                chat_tools=plan.tools,
-                max_output_tokens=request.max_output_tokens,
-                options=chat_options(request),
-                responses_fields=responses_fields(request),
-                previous_items=plan.previous_items,
-                deployment=plan.deployment,
-                connection_id=self.connection_id,
-                carry=plan.carry,
-                stages=stages,
-            )
-            failure: BackendError | APIError | None = None
-            try:
-                async with (
-                    contextlib.aclosing(self.env.backend.stream(backend_request)) as raw,
-                    contextlib.aclosing(restore_calls(raw, plan.tools, request.max_tool_calls)) as restored,
-                    contextlib.aclosing(gated(restored, checks)) as deltas,
-                ):
-                    async for delta in deltas:
-                        if isinstance(delta, (Carry, Routed)):
-                            plan.route(delta)
-                            continue
-                        if self._first_token is None:
-                            self._first_token = time.monotonic()
-                        if isinstance(delta, (TextDelta, ToolCallDelta)):
-                            self._produced += 1
-                        for event in assembler.feed(delta):
-                            stages.mark_first_token()
-                            yield event
-                        if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
-                            steered = True  # a safe output boundary: stop here, the successor takes the input
-                            break
-            except CheckRefused as refused:
-                failure = refused.error
-            except BackendError as exc:
-                failure = exc
-            except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
-                log.exception("backend %s raised unexpectedly", self.env.backend.name)
-                failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
-            stages.mark("stream" if stages.first_token is not None else "backend_ttft")
-            self._deployment = self.result.deployment = plan.deployment
-            if failure is not None:
-                for event in self._fail(failure, assembler, response_id, created_at):
-                    yield event
-                return
-        try:
-            await checks.outcome(plan.checks)
-        except APIError as error:  # a check that does not hold the first token refused (or failed) late
-            for event in self._fail(error, assembler, response_id, created_at):
-                yield event
-            return
+    async def _outcome(self, plan: TurnPlan, checks: PendingChecks, steered: bool) -> str | None:
+        """After the checks held: the labels and the token count in; why the response is incomplete, if it is."""
         plan.labels.update(plan.checks.labels)
         if plan.later_checks:
             self.result.plugin_s["check_beside_inference"] = checks.seconds
         counted = await plan.counting.result()
         plan.tokens = counted.through if counted else None
-        reason = "steered" if steered else None
-        if reason is None and assembler.finish == "length":
-            reason = "max_output_tokens"
-        incomplete = reason is not None
-        for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
-            yield event
+        self._counted = counted
+        assert self._assembler is not None
+        if steered:
+            return "steered"
+        return "max_output_tokens" if self._assembler.finish == "length" else None
+
+    async def _complete(self, plan: TurnPlan, reason: str | None) -> Event:
+        """The final Response object, cached, stored and metered before the client gets its terminal event."""
+        assembler = self._assembler
+        assert assembler is not None and self.response_id is not None
+        stages = self.result.stages
         stages.restart()
-        usage = account(assembler.usage, counted)
+        usage = account(assembler.usage, self._counted)
         final = response_object(
-            response_id,
-            request,
-            status="incomplete" if incomplete else "completed",
+            self.response_id,
+            self.request,
+            status="incomplete" if reason else "completed",
             output=assembler.output,
             usage=usage,
             incomplete_reason=reason,
-            created_at=created_at,
+            created_at=self._created_at,
             labels=plan.labels,
-            echoed=echoed,
+            echoed=self._echoed,
         )
         await self._finalize(final, plan)
         self.result.response = final
         stages.mark("finalize")
         self.env.post_inference.submit(final, self._info(usage))  # before the client has it: usage is never lost
-        yield self.seq("response.incomplete" if incomplete else "response.completed", response=final)
+        return self.seq("response.incomplete" if reason else "response.completed", response=final)
 
     def _abandoned(self, plan: TurnPlan) -> None:
         """The caller stopped the response: it is metered all the same, as `cancelled` (its client went away)
@@ -333,14 +337,14 @@ class Turn:
             tokens_estimated=usage is not None and usage.estimated,
         )
 
-    def _fail(
-        self, exc: BackendError | APIError, assembler: OutputAssembler, response_id: str, created_at: float
-    ) -> list[Event]:
+    def _fail(self, exc: BackendError | APIError, assembler: OutputAssembler) -> list[Event]:
         """A failed turn: close what was open, report `response.failed` then the error.
 
         A backend failure evicts the parent from the cache; a check's refusal (an `APIError`) leaves
         the connection and its cache as they were.
         """
+        response_id = self.response_id
+        assert response_id is not None
         log.warning("turn %s failed: %s", response_id, exc)
         error = exc if isinstance(exc, APIError) else exc.api_error()
         if isinstance(exc, BackendError) and self.request.previous_response_id and self.cache is not None:
@@ -354,7 +358,7 @@ class Turn:
             output=assembler.output,
             usage=assembler.usage,
             error={"code": error.code if isinstance(exc, APIError) else "server_error", "message": error.message},
-            created_at=created_at,
+            created_at=self._created_at,
         )
         self.result.response = failed
         self.result.error = error

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-from .backends.base import Backend, Carry, Routed
+from .backends.base import Backend, BackendRequest, Carry, Routed
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
 from .errors import APIError, BackendError
@@ -20,6 +20,8 @@ from .history import History
 from .items import Item
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
+from .request_fields import chat_options, responses_fields
+from .requests import CreateRequest
 from .safety import Classifier, Validator
 from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses
@@ -88,6 +90,25 @@ class TurnPlan:
         if isinstance(delta, Routed):
             self.deployment = delta.deployment
         self.carry = delta.carry if isinstance(delta, Routed) else delta.values
+
+    def backend_request(self, request: CreateRequest, connection_id: str | None, stages: StageClock) -> BackendRequest:
+        """What the backend gets for this turn."""
+        return BackendRequest(
+            model=request.model,
+            history=self.sent_history,
+            instructions=request.instructions,
+            tools=self.backend_tools,
+            tool_choice=request.tool_choice,
+            chat_tools=self.tools,
+            max_output_tokens=request.max_output_tokens,
+            options=chat_options(request),
+            responses_fields=responses_fields(request),
+            previous_items=self.previous_items,
+            deployment=self.deployment,
+            connection_id=connection_id,
+            carry=self.carry,
+            stages=stages,
+        )
 
 
 @dataclass
