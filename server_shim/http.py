@@ -7,13 +7,14 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from json import JSONDecodeError
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from . import metrics, tracing
+from . import json_slices, metrics, tracing
 from .backends.base import ReportsStatus
 from .errors import APIError, internal_error, invalid
 from .items import Item
@@ -48,7 +49,7 @@ async def create_response(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.api_error())
     try:
-        body = json_body(await read_body(request, shim.settings.max_body_bytes), shim)
+        body = await json_body(await read_body(request, shim.settings.max_body_bytes), shim)
     except APIError as error:
         return error_response(error)
     try:
@@ -72,13 +73,18 @@ async def create_response(request: Request) -> Response:
     return outcome if isinstance(outcome, Response) else json_response(outcome[0])
 
 
-def json_body(raw: bytes, shim: ShimState) -> dict[str, Any]:
+async def json_body(raw: bytes, shim: ShimState) -> dict[str, Any]:
     """The request body as a JSON object (counted as received), or a 400 saying what it is instead."""
     shim.stats.bytes_received += len(raw)
     metrics.BYTES_RECEIVED.labels("http").inc(len(raw))
+    return await decode_body(raw, shim.settings.sliced_parse_bytes)
+
+
+async def decode_body(raw: bytes, slice_from: int) -> dict[str, Any]:
+    """The body as a JSON object, parsed in slices that let other requests run when it is large."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = await json_slices.load(raw, len(raw), slice_from)
+    except JSONDecodeError as exc:
         raise invalid("invalid_json", f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise invalid("invalid_type", "The request body must be a JSON object.")

@@ -14,7 +14,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,7 +23,7 @@ from .backends.chat_convert import chat_prompt
 from .compaction import pack
 from .errors import APIError, internal_error, invalid
 from .events import new_id
-from .http import error_response, json_response, read_body, stored_response
+from .http import decode_body, error_response, json_response, read_body, stored_response
 from .requests import parse_create
 from .tenants import scope_tenant
 from .tokens import whole_prompt_tokens
@@ -110,13 +109,11 @@ async def _prepared(request: Request) -> Turn | APIError:
     """A turn prepared from the body (validated, history resolved, rendered) that never runs."""
     shim: ShimState = request.app.state.shim
     try:
-        body = orjson.loads(await read_body(request, shim.settings.max_body_bytes))
+        body = await decode_body(
+            await read_body(request, shim.settings.max_body_bytes), shim.settings.sliced_parse_bytes
+        )
     except APIError as error:
         return error
-    except orjson.JSONDecodeError as exc:
-        return invalid("invalid_json", f"The request body is not valid JSON: {exc}.")
-    if not isinstance(body, dict):
-        return invalid("invalid_type", "The request body must be a JSON object.")
     body.setdefault("model", shim.settings.default_model)
     try:
         turn = Turn(

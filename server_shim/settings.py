@@ -60,6 +60,11 @@ class Settings(BaseSettings):
 
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_body_bytes: int = 16 * 1024 * 1024
+    sliced_parse_bytes: int = Field(
+        default=256 * 1024,
+        ge=0,
+        description="frames and bodies this large are parsed in slices, letting other connections run (0: never)",
+    )
     max_json_depth: int = 64
     max_input_items: int = 5_000
     max_item_references: int = 256

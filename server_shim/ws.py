@@ -31,7 +31,7 @@ from .state import ConnectionCache
 from .steer import Steer, Steering, SteerSlot, steered_input
 from .tenants import scope_tenant
 from .turn import Turn
-from .ws_frames import age_limit_error, decode_frame, frame_nbytes, idle_error, lane_of, too_large_error, with_lane
+from .ws_frames import age_limit_error, frame_nbytes, idle_error, lane_of, read_frame, too_large_error, with_lane
 
 if TYPE_CHECKING:
     from .app import ShimState
@@ -135,7 +135,7 @@ class ResponsesConnection:
         stream_id = None
         request: CreateRequest | APIError
         try:
-            body = decode_frame(data)
+            body = await read_frame(data, size, self.settings.sliced_parse_bytes)
             if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
                 await self.send(self.steering.submit(body))
                 return

@@ -5,10 +5,12 @@ Plain functions, apart from the connection loop in `ws.py` that uses them.
 
 from __future__ import annotations
 
+from json import JSONDecodeError
 from typing import Any
 
 import orjson
 
+from . import json_slices
 from .errors import APIError, invalid
 from .requests import check_stream_id
 
@@ -22,7 +24,24 @@ def decode_frame(data: str | bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise invalid("invalid_json", f"The frame is not valid JSON: {exc}.") from None
+        raise _not_json(exc) from None
+    return _event(body)
+
+
+async def read_frame(data: str | bytes, nbytes: int, slice_from: int) -> dict[str, Any]:
+    """`decode_frame`, parsed in slices that let other connections run when the frame is large."""
+    try:
+        body = await json_slices.load(data, nbytes, slice_from)
+    except JSONDecodeError as exc:
+        raise _not_json(exc) from None
+    return _event(body)
+
+
+def _not_json(exc: JSONDecodeError) -> APIError:
+    return invalid("invalid_json", f"The frame is not valid JSON: {exc}.")
+
+
+def _event(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise invalid("invalid_type", "Each frame must be a JSON object with a 'type'.")
     kind = body.get("type")

@@ -156,3 +156,126 @@ def test_json_nested_300_deep_in_any_field_is_invalid_value_over_both_transports
             answer = http.post("/responses", content=json.dumps(body))
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_value", name
         _usable(ws)
+
+
+HOSTILE = [*'"\\,:[]{} \x00', "NaN", "-Infinity", "1e400", "18446744073709551616", "\\ud800", "\\udc00", "[" * 70]
+padded = st.tuples(requests, st.lists(items, min_size=1, max_size=4), st.integers(0, 600)).map(
+    lambda parts: {**parts[0], "input": parts[1] * parts[2], "instructions": "x" * 33_000}
+)
+"""Larger than the sliced parser's window, so the frame is walked, and its `input` read element by element."""
+
+
+def _edited(text: bytes, edits: list[tuple[int, str, int]]) -> bytes:
+    for at, token, removed in edits:
+        at %= len(text) + 1
+        text = text[:at] + token.encode() + text[at + removed :]
+    return text
+
+
+edits = st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(HOSTILE), st.integers(0, 2)), max_size=3)
+both_parsers = (
+    st.tuples((requests | padded).map(lambda body: _dumps({"type": "response.create", **body})), edits).map(
+        lambda frame_edits: _edited(*frame_edits)
+    )
+    | frames
+)
+
+
+def _answer(ws: Any, frame: bytes) -> list[tuple[Any, ...]]:
+    """What a frame gets, ids and times aside: each event's type, and an error's code, parameter and message
+    (only the start of an `invalid_json` message: the two parsers word the JSON fault differently)."""
+    ws.send(frame.decode(errors="replace") if frame.isascii() or frame.startswith(b"{") else frame)
+    seen: list[tuple[Any, ...]] = []
+    while True:
+        event = json.loads(ws.recv(timeout=30))
+        error = event.get("error") or {}
+        message = str(error.get("message"))
+        if error.get("code") == "invalid_json":
+            message = message.split(":")[0]
+        seen.append((event["type"], error.get("code"), error.get("param"), message if error else None))
+        if event["type"] in TERMINAL:
+            return seen
+
+
+def test_fuzzed_frames_get_the_same_answer_from_the_sliced_parser_as_from_orjson(make_server):
+    """Every frame parsed in slices (`sliced_parse_bytes=1`) against every frame parsed by orjson (0), same
+    frames in the same order, over real connections: the same events and error codes."""
+    whole, sliced = make_server(sliced_parse_bytes=0), make_server(sliced_parse_bytes=1)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with (
+        connect(ws_url(whole), additional_headers=headers, max_size=2**24) as by_orjson,
+        connect(ws_url(sliced), additional_headers=headers, max_size=2**24) as in_slices,
+    ):
+
+        @EXAMPLES
+        @given(frame=both_parsers)
+        def one(frame: bytes) -> None:
+            assert _answer(in_slices, frame) == _answer(by_orjson, frame), frame[:300]
+
+        one()
+        _usable(in_slices)
+
+
+def test_fuzzed_http_bodies_get_the_same_answer_from_the_sliced_parser_as_from_orjson(make_server):
+    whole, sliced = make_server(sliced_parse_bytes=0), make_server(sliced_parse_bytes=1)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    with (
+        httpx2.Client(base_url=whole.base_url, headers=headers, timeout=30) as by_orjson,
+        httpx2.Client(base_url=sliced.base_url, headers=headers, timeout=30) as in_slices,
+    ):
+
+        @EXAMPLES
+        @given(body=both_parsers)
+        def one(body: bytes) -> None:
+            for route in ("/responses", "/chat/completions"):
+                a, b = by_orjson.post(route, content=body), in_slices.post(route, content=body)
+                assert a.status_code == b.status_code, (route, body[:300], a.text[:300], b.text[:300])
+                if a.status_code >= 400:
+                    ea, eb = a.json()["error"], b.json()["error"]
+                    assert (ea["code"], ea.get("param")) == (eb["code"], eb.get("param")), (route, body[:300])
+
+        one()
+
+
+TRICKY_VALUES = [
+    *("NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1E+999", "1e-400", "-0", "0.5", "01", "1.", "nul", "true"),
+    *("18446744073709551615", "18446744073709551616", "-9223372036854775809", "1" * 400),
+    *('"\\ud800"', '"\\udc00"', '"\\ud83d\\ude00"', '"\\\\ud800"', '"\\ud800\\\\udc00"', '"\x1f"', '"\\U00e9"'),
+    *("[1,]", '{"a":1,}', "[" * 65 + "]" * 65, "[" * 1024 + "]" * 1024, "[" * 1025 + "]" * 1025),
+]
+
+
+def _tricky_frames() -> list[str]:
+    """Each value where the standard library and orjson disagree, put where a frame has values, keys and ends."""
+    head = '{"type":"response.create","model":"simulated-1","store":false,'
+    frames = []
+    for padding in ("", '"instructions":"' + "x" * 33_000 + '",'):
+        for value in TRICKY_VALUES:
+            frames += [
+                head + padding + '"input":"hi","temperature":' + value + "}",
+                head + padding + '"input":[{"role":"user","content":"hi"},{"role":"user","content":' + value + "}]}",
+                head + padding + '"input":"hi","temperature":1,"temperature":' + value + "}",
+                head + padding + '"input":"hi","metadata":{' + value + ":1}}",
+            ]
+        body = head + padding + '"input":"hi"}'
+        frames += [body + " x", body + "\x00", "\ufeff" + body, "[" + body + "]", body + "\n\t ", " " + body]
+    return frames
+
+
+def test_tricky_frames_get_the_same_answer_from_the_sliced_parser_as_from_orjson(make_server):
+    whole, sliced = make_server(sliced_parse_bytes=0), make_server(sliced_parse_bytes=1)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with (
+        connect(ws_url(whole), additional_headers=headers) as by_orjson,
+        connect(ws_url(sliced), additional_headers=headers) as in_slices,
+        httpx2.Client(base_url=whole.base_url, headers=headers, timeout=30) as http_orjson,
+        httpx2.Client(base_url=sliced.base_url, headers=headers, timeout=30) as http_slices,
+    ):
+        for frame in _tricky_frames():
+            data = frame.encode()
+            assert _answer(in_slices, data) == _answer(by_orjson, data), frame[:200]
+            a, b = http_orjson.post("/responses", content=data), http_slices.post("/responses", content=data)
+            assert a.status_code == b.status_code, (frame[:200], a.text[:300], b.text[:300])
+            if a.status_code >= 400:
+                assert a.json()["error"]["code"] == b.json()["error"]["code"], frame[:200]
+        _usable(in_slices)
