@@ -51,6 +51,8 @@ CLIENTS = ("floor", "wrap", "wrap_async", "wrap_stream", "connect", "http")
 TARGET_RATIO = 1.5
 FLAT_RATIO = 1.25
 cpu = time.process_time
+Hook = Callable[[int], None] | None
+"""Called before each turn with its index (`client_instructions` starts and stops its count there)."""
 
 
 def request_fields() -> dict[str, Any]:
@@ -86,11 +88,13 @@ class FloorFrames:
         return self.first if previous is None else self.prefix + previous + self.suffix
 
 
-async def floor_client(url: str, frames: FloorFrames, turns: int) -> list[float]:
+async def floor_client(url: str, frames: FloorFrames, turns: int, before: Hook = None) -> list[float]:
     samples = []
     async with connect(url, max_size=None, compression=None, ping_interval=None) as ws:
         previous = None
-        for _ in range(turns):
+        for turn in range(turns):
+            if before is not None:
+                before(turn)
             start = cpu()
             await ws.send(frames.chained(previous), text=True)
             while not (raw := await ws.recv(decode=False)).startswith(COMPLETED):
@@ -100,11 +104,13 @@ async def floor_client(url: str, frames: FloorFrames, turns: int) -> list[float]
     return samples
 
 
-def wrap_client(base_url: str, turns: int, *, stream: bool) -> list[float]:
+def wrap_client(base_url: str, turns: int, *, stream: bool, before: Hook = None) -> list[float]:
     samples = []
     with ws_transport.wrap(OpenAI(base_url=base_url, api_key="bench", max_retries=0)) as client:
         history: list[Any] = [next_user_message(0)]
         for turn in range(turns):
+            if before is not None:
+                before(turn)
             start = cpu()
             if stream:
                 with client.responses.create(input=history, stream=True, **request_fields()) as events:
@@ -116,11 +122,13 @@ def wrap_client(base_url: str, turns: int, *, stream: bool) -> list[float]:
     return samples
 
 
-async def wrap_async_client(base_url: str, turns: int) -> list[float]:
+async def wrap_async_client(base_url: str, turns: int, before: Hook = None) -> list[float]:
     samples = []
     async with ws_transport.wrap(AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)) as client:
         history: list[Any] = [next_user_message(0)]
         for turn in range(turns):
+            if before is not None:
+                before(turn)
             start = cpu()
             response = await client.responses.create(input=history, **request_fields())
             samples.append(cpu() - start)

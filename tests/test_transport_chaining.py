@@ -171,6 +171,29 @@ def test_starts_with_needs_a_non_empty_matching_prefix() -> None:
     assert not starts_with(items, [user("b")])
 
 
+class Uncomparable(dict):  # type: ignore[type-arg]
+    """An item whose `==` raises (as a numpy array's truth value does)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_starts_with_compares_the_older_items_as_a_list_first_then_item_by_item() -> None:
+    older = [user("a"), output_message("b"), user("c")]
+    newest = output_message("d", "msg_2")
+    assert starts_with([*older, newest, user("e")], [*older, newest]), "the same objects"
+    rebuilt = [dict(item) for item in older]
+    assert starts_with([*rebuilt, newest, user("e")], [*older, newest]), "equal dicts"
+    replayed = [user("a"), {"role": "assistant", "content": "b"}, user("c")]  # a framework's own shape of `b`
+    assert starts_with([*replayed, newest], [*older, newest]), "not equal as lists, the same items one by one"
+    assert not starts_with([user("a"), output_message("x"), user("c"), newest], [*older, newest])
+    odd = Uncomparable(user("a"))
+    assert starts_with([odd, newest, user("e")], [odd, newest]), "identity, without calling its =="
+    assert not starts_with([Uncomparable(user("a")), newest], [user("z"), newest])
+
+
 def test_chained_frame_carries_only_new_items_and_the_lane() -> None:
     book, history, output = book_after_one_turn()
     full = [*history, output, user("next")]

@@ -16,13 +16,15 @@ import json
 import random
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from openai import OpenAI
 from openai._models import BaseModel as SDKModel
 from openai._models import add_request_id, construct_type
 from openai.types.responses import Response
+from pydantic import TypeAdapter
+from pydantic_core import SchemaValidator
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
@@ -180,6 +182,52 @@ def test_models_constructed_below_the_top_are_settled_the_same_way(data: dict[st
 def test_a_model_whose_constructed_fields_cannot_be_settled_has_no_fast_path() -> None:
     assert parsing.Model.build(Unsupported) is None
     assert parsing.parse(Unsupported, {"values": [1, 2.5]}) is None
+
+
+class KindA(SDKModel):
+    type: Literal["a"]
+    n: int
+
+
+class KindB(SDKModel):
+    type: Literal["b", "bb"]
+
+
+class AlsoA(SDKModel):
+    type: Literal["a"]
+    m: int
+
+
+class DefaultD(SDKModel):
+    type: Literal["d"] = "d"
+
+
+def _union_kinds(annotation: Any) -> list[str]:
+    schema = parsing.tagged_schema(TypeAdapter(annotation).core_schema)
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") in ("union", "tagged-union"):
+                found.append(node["type"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return found
+
+
+def test_only_unions_whose_variants_each_require_their_own_type_become_tagged_unions() -> None:
+    assert _union_kinds(list[KindA | KindB]) == ["tagged-union"]
+    assert _union_kinds(list[KindA | AlsoA]) == ["union"], "two variants for one tag: pydantic picks, not the tag"
+    assert _union_kinds(list[KindA | DefaultD]) == ["union"], "a type with a default is not required"
+    assert _union_kinds(list[KindA | str]) == ["union"]
+    tagged = SchemaValidator(parsing.tagged_schema(TypeAdapter(list[KindA | KindB]).core_schema))
+    values = [{"type": "bb"}, {"type": "a", "n": 1}]
+    assert tagged.validate_python(values, strict=True) == TypeAdapter(list[KindA | KindB]).validate_python(values)
 
 
 # The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -109,6 +110,35 @@ async def test_a_connection_reads_only_once_started() -> None:
         await conn.aclose()
         assert conn.reader is not None and conn.reader.done()
         assert listener.closed == [conn]
+
+
+async def test_frames_no_lane_keeps_are_dropped_unparsed_only_when_their_type_is_plain_and_not_terminal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn = Connection(None, Socket(1, (), 0.0, capacity=16), lanes=True)  # type: ignore[arg-type]  # no I/O here
+    delta = '{"type":"response.output_text.delta","delta":"x","stream_id":"t1"}'
+    assert conn._unwanted(delta), "no lane open: a stray delta"
+    outcome = conn.open_lane(terminal_only=True)
+    assert conn._unwanted(delta)
+    for kept in (
+        '{"type":"response.completed","response":{}}',
+        '{"type":"response.incomplete","response":{}}',
+        '{"type":"response.failed","response":{}}',
+        '{"type":"error","error":{}}',
+        '{"type":"response.complete\\u0064","response":{}}',  # an escape: only parsing says what it is
+        '{"sequence_number":1,"type":"response.output_text.delta"}',  # written in another order
+        '{ "type": "response.output_text.delta"}',
+        '{"type":"',
+        delta.encode(),  # a binary frame
+    ):
+        assert not conn._unwanted(kept), kept
+    streaming = conn.open_lane()
+    assert not conn._unwanted(delta), "a streaming lane keeps every event"
+    conn.close_lane(streaming)
+    assert conn._unwanted(delta)
+    with caplog.at_level(logging.DEBUG, logger="ws_transport"):
+        assert not conn._unwanted(delta), "with debug logging on, strays are parsed and logged"
+    conn.close_lane(outcome)
 
 
 async def test_an_event_for_another_lane_never_reaches_the_turn() -> None:

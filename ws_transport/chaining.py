@@ -140,11 +140,26 @@ def input_items(raw_input: Any) -> list[Any]:
 
 
 def starts_with(items: Sequence[Any], prefix: Sequence[Any]) -> bool:
-    """Whether `items` begins with `prefix`; the last prefix item (the newest output) is checked first."""
+    """Whether `items` begins with `prefix`; the last prefix item (the newest output) is checked first.
+
+    The rest is first compared as lists, in C (identity first, then `==`: equal dicts and equal
+    SDK models are the same items), and item by item only when that fails.
+    """
     n = len(prefix)
     if n == 0 or len(items) < n or not same_item(items[n - 1], prefix[n - 1]):
         return False
-    return all(a is b or same_item(a, b) for a, b in zip(items[: n - 1], prefix[: n - 1], strict=True))
+    head, known = items[: n - 1], prefix[: n - 1]
+    if _equal_lists(head, known):
+        return True
+    return all(a is b or same_item(a, b) for a, b in zip(head, known, strict=True))
+
+
+def _equal_lists(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """`a == b`, False where an item's `==` raises (an object that cannot compare)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def same_item(a: Any, b: Any) -> bool:

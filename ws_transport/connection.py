@@ -26,6 +26,8 @@ log = logging.getLogger("ws_transport")
 ABNORMAL_CLOSURE = 1006
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 """What a turn that keeps only its outcome needs: the terminal event and the error that may follow it."""
+TYPE_PREFIX = '{"type":"'
+TYPE_START = len(TYPE_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,8 @@ class Connection:
     async def _read(self, listener: Listener) -> None:
         try:
             async for message in self.socket:
+                if self._unwanted(message):
+                    continue
                 event = orjson.loads(message)
                 if isinstance(event, dict):
                     self._route(event, listener)
@@ -121,6 +125,26 @@ class Connection:
             for queue in self.lanes.values():
                 queue.put_nowait(self.closed)
             listener.socket_closed(self)
+
+    def _unwanted(self, message: str | bytes) -> bool:
+        """Whether the frame is one no lane keeps, told without parsing it: every open lane keeps only its
+        terminal events, and the frame opens with a plain type that is not one (`{"type":"response.created",`,
+        as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
+        non-terminal event is not logged: with debug logging on, every frame is parsed."""
+        if (
+            type(message) is not str
+            or not message.startswith(TYPE_PREFIX)
+            or len(self.terminal_only) != len(self.lanes)
+        ):
+            return False
+        end = message.find('"', TYPE_START)
+        kind = message[TYPE_START:end]
+        return (
+            end > TYPE_START
+            and "\\" not in kind
+            and kind not in TERMINAL_EVENTS
+            and not log.isEnabledFor(logging.DEBUG)
+        )
 
     def _route(self, event: dict[str, Any], listener: Listener) -> None:
         lane = event.get("stream_id") if self.use_lanes else None

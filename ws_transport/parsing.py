@@ -16,6 +16,13 @@ closes or avoids:
 - a required field missing, an unknown item type, a value of the wrong type: validation raises
   where the SDK tolerates, and the SDK's parser decides.
 
+The SDK's unions of items (`output`, `tools`, content parts...) name their variant in a `type`
+field the SDK's metadata marks as discriminator, which pydantic does not read: validating such
+a union tries every variant (28 for an output item) and keeps the one that fits. Where every
+variant requires its own literal `type`, only the variant the tag names can fit, so the
+validator used here is the model's own core schema with those unions made tagged unions
+(`tagged_schema`): the same objects, one variant tried instead of all.
+
 `Model.build(cls)` reads which fields the SDK constructs from the installed release's
 annotations; a model with a constructed field of another kind (a list of floats, a list of
 models) gets no fast path at all. `tests/test_transport_parsing.py` compares both parsers field
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pydantic
+from pydantic_core import SchemaValidator
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
@@ -39,7 +47,7 @@ PLAIN = (str, int, bool, object, Any)
 """Annotations the SDK's `construct` keeps as they are, as a strict validation does."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Model:
     """How to settle a validated `cls` into what the SDK's `construct` would have made of the same JSON."""
 
@@ -71,17 +79,106 @@ class Model:
                 return None
         return Model(cls, tuple(floats), tuple(nested))
 
+    @functools.cached_property
+    def validator(self) -> SchemaValidator | None:
+        """A validator of `cls`'s fields (its values, extras and fields set), with the unions its variants'
+        `type` tells apart made tagged unions; None for a model whose instances pydantic makes otherwise
+        (a custom `__init__`, a post-init hook, private attributes, a root model).
+
+        Of `cls`'s fields, not of `cls`: pydantic-core reuses a complete model's own validator wherever its
+        schema names the model, so a rewritten schema takes effect only below it."""
+        schema = self.cls.__pydantic_core_schema__
+        if not isinstance(schema, dict):  # not built yet (the SDK defers building its models' schemas)
+            self.cls.model_rebuild(force=True)
+            schema = self.cls.__pydantic_core_schema__
+        wrapped = schema.get("type") == "definitions"
+        model = schema["schema"] if wrapped else schema
+        if (
+            model.get("type") != "model"
+            or model.get("custom_init")
+            or model.get("root_model")
+            or "post_init" in model
+            or self.cls.__private_attributes__
+        ):
+            return None
+        fields = {**schema, "schema": model["schema"]} if wrapped else model["schema"]
+        return SchemaValidator(tagged_schema(fields), config=model.get("config"))  # type: ignore[arg-type]
+
 
 def parse(cls: type[ModelT], data: Any) -> ModelT | None:
     """`cls` made of `data` as the SDK's non-strict parser makes it, or None where only that parser knows how."""
     plan = Model.build(cls)
     if plan is None or type(data) is not dict or pydantic.VERSION.startswith("1."):
         return None
+    validator = plan.validator
+    if validator is None:
+        return None
     try:
-        model = cls.model_validate(data, strict=True)
+        values, extra, fields_set = validator.validate_python(data, strict=True)
     except pydantic.ValidationError:
         return None
+    model = cls.__new__(cls)  # as pydantic-core's model validator makes one
+    _setattr(model, "__dict__", values)
+    _setattr(model, "__pydantic_extra__", extra)
+    _setattr(model, "__pydantic_fields_set__", fields_set)
+    _setattr(model, "__pydantic_private__", None)
     return model if _settle(plan, model, data) else None
+
+
+_setattr = object.__setattr__
+
+
+def tagged_schema(schema: Any) -> Any:
+    """A copy of a core schema in which each union whose variants all require a distinct literal `type`
+    (the SDK's discriminated unions) is a tagged union on `type`."""
+    definitions = {d["ref"]: d for d in schema.get("definitions", ())} if schema.get("type") == "definitions" else {}
+    return _retag(schema, definitions)
+
+
+def _retag(node: Any, definitions: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_retag(item, definitions) for item in node]
+    if isinstance(node, tuple):
+        return tuple(_retag(item, definitions) for item in node)
+    if not isinstance(node, dict):
+        return node
+    out = {key: _retag(value, definitions) for key, value in node.items()}
+    if out.get("type") == "union":
+        tags = _tags(out["choices"], definitions)
+        if tags is not None:
+            kept = {k: v for k, v in out.items() if k in ("ref", "metadata", "serialization")}
+            return {**kept, "type": "tagged-union", "choices": tags, "discriminator": "type"}
+    return out
+
+
+def _tags(choices: list[Any], definitions: dict[str, Any]) -> dict[str, Any] | None:
+    """Each `type` value -> the one variant requiring it, or None when the variants are not told apart so."""
+    tags: dict[str, Any] = {}
+    for choice in choices:
+        if isinstance(choice, tuple):  # (schema, label)
+            return None
+        values = _required_type(choice, definitions)
+        if values is None or any(value in tags for value in values):
+            return None
+        tags.update(dict.fromkeys(values, choice))
+    return tags or None
+
+
+def _required_type(choice: dict[str, Any], definitions: dict[str, Any]) -> list[str] | None:
+    """The string values a model variant's required, unaliased `type` field allows; None for anything else."""
+    if choice.get("type") == "definition-ref":
+        choice = definitions.get(choice.get("schema_ref", ""), {})
+    fields = choice.get("schema", {}).get("fields", {}) if choice.get("type") == "model" else {}
+    field = fields.get("type")
+    if (
+        field is None
+        or field.get("validation_alias", "type") != "type"
+        or choice["schema"].get("type") != "model-fields"
+    ):
+        return None
+    literal = field["schema"]
+    expected = literal.get("expected", []) if literal.get("type") == "literal" else []
+    return expected if expected and all(type(value) is str for value in expected) else None
 
 
 def _settle(plan: Model, model: pydantic.BaseModel, data: dict[str, Any]) -> bool:
