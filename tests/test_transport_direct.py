@@ -34,9 +34,11 @@ class Requests:
 
     def __init__(self) -> None:
         self.urls: list[str] = []
+        self.headers: list[dict[str, str]] = []
 
     def __call__(self, request: Any) -> None:
         self.urls.append(str(request.url))
+        self.headers.append(dict(request.headers))
 
     async def hook(self, request: Any) -> None:
         self(request)
@@ -186,3 +188,23 @@ def test_a_client_that_validates_responses_strictly_keeps_the_sdks_pipeline(serv
             history += [*response.output, user(f"more {turn}")]
         assert ws_transport.session_of(wrapped_client).stats.turns_chained == 2
     assert len(requests.urls) == 3
+
+
+def test_any_change_to_what_the_sdk_builds_headers_from_sends_the_next_turn_through_the_sdk(
+    server: BackgroundServer,
+) -> None:
+    """The direct path remembers the client's header inputs; a change to any of them is noticed."""
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        client.responses.create(model=MODEL, input="hello")
+        client.responses.create(model=MODEL, input="direct")
+        assert len(requests.urls) == 1
+        client.organization = "org-2"
+        client.responses.create(model=MODEL, input="a new organization header")
+        client.responses.create(model=MODEL, input="direct again")
+        assert len(requests.urls) == 2
+        client._custom_headers["x-team"] = "blue"  # changed in place, as the SDK's own tables can be
+        client.responses.create(model=MODEL, input="a new custom header")
+        client.responses.create(model=MODEL, input="direct again")
+        assert len(requests.urls) == 3
+        assert requests.headers[-1].get("x-team") == "blue"

@@ -82,6 +82,18 @@ def given(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if is_given(v)}
 
 
+def passed(kwargs: Mapping[str, Any], name: str) -> bool:
+    """Whether the caller passed argument `name` (`NOT_GIVEN` is not passing it; `None` is)."""
+    return name in kwargs and is_given(kwargs[name])
+
+
+def client_state(client: Client) -> tuple[Any, ...]:
+    """Everything `request_key` reads from a client, as a value equal to an earlier one only while none
+    of it changed: its attributes (a new key, base URL, organization, copy of a header table...) and
+    the contents of its custom header table (the one mutable attribute its headers are built from)."""
+    return type(client), tuple(vars(client).items()), tuple(client._custom_headers.items())
+
+
 def create_fields(params: Mapping[str, Any]) -> dict[str, Any]:
     """`responses.create` arguments as the JSON request fields the SDK would send."""
     return transform(dict(params), ResponseCreateParamsBase)

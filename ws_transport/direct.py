@@ -58,10 +58,19 @@ class DirectPath:
         self.client = client
         self.session = session
         self.binding: Binding | None = None
+        self._state: Any = None
+        self._key: tuple[Any, ...] | None = None
 
     def key(self) -> tuple[Any, ...] | None:
-        """What the client's headers are built from now; None: the direct path is not for this client."""
-        return _sdk.request_key(self.client)
+        """What the client's headers are built from now; None: the direct path is not for this client.
+
+        Worked out again only when the client's attributes changed since the last call (`_sdk.client_state`):
+        the SDK builds its default headers afresh on every request, which cost more than a whole floor turn.
+        """
+        state = _sdk.client_state(self.client)
+        if state != self._state:
+            self._state, self._key = state, _sdk.request_key(self.client)
+        return self._key
 
     def learn(self, key: tuple[Any, ...] | None, turn: TurnRequest) -> None:
         """After a turn through the SDK: its upgrade headers serve later turns while `key` holds."""
@@ -80,7 +89,7 @@ class DirectPath:
             or _sdk.validates_strictly(self.client)
         ):
             return False
-        if any(kwargs.get(name) for name in PER_CALL) or "timeout" in _sdk.given(kwargs):
+        if any(kwargs.get(name) for name in PER_CALL) or _sdk.passed(kwargs, "timeout"):
             return False
         if self.key() != binding.key:
             self.binding = None
