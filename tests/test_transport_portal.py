@@ -7,6 +7,7 @@ a reader waiting for its next chunk and a `close()` from another thread is drive
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import AsyncGenerator
 
@@ -100,3 +101,36 @@ def test_waiting_on_the_portal_from_its_own_thread_is_refused(portal: Portal) ->
 
     with pytest.raises(RuntimeError, match="deadlock"):
         portal.call(nested())
+
+
+def test_a_call_returns_raises_times_out_and_reports_cancellation_as_run_coroutine_threadsafe_did(
+    portal: Portal,
+) -> None:
+    assert portal.call(asyncio.sleep(0, result="value")) == "value"
+
+    async def fails() -> None:
+        raise LookupError("from the loop")
+
+    with pytest.raises(LookupError, match="from the loop"):
+        portal.call(fails())
+
+    release = threading.Event()
+
+    async def slow() -> str:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return "late"
+
+    with pytest.raises(TimeoutError):
+        portal.call(slow(), timeout=0.05)
+    release.set()  # the timed-out coroutine ran on, as before
+
+    async def cancelled() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    with pytest.raises(concurrent.futures.CancelledError):
+        portal.call(cancelled())
+    assert portal.call(asyncio.sleep(0, result=2)) == 2
