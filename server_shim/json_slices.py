@@ -30,7 +30,7 @@ import orjson
 from .json_walk import Walk
 
 WINDOW = 32 * 1024
-SLICE_CHARS = 64 * 1024
+SLICE_CHARS = 16 * 1024
 
 
 def parse_in_slices(nbytes: int, threshold: int) -> bool:
@@ -56,6 +56,20 @@ async def load(data: str | bytes, nbytes: int, threshold: int) -> Any:
         except StopIteration as done:
             return done.value
         await asyncio.sleep(0)
+
+
+DISPOSE_CHUNK = 2_000
+
+
+async def dispose(body: Any) -> None:
+    """Free a large refused document's lists a slice at a time, giving way in between: dropping a body of
+    60,000 parsed items at once holds the loop ~5-8 ms (reference counting frees them one by one).
+    Only for a document nothing else holds (its lists are emptied)."""
+    for value in body.values() if isinstance(body, dict) else ():
+        if isinstance(value, list):
+            while len(value) > DISPOSE_CHUNK:
+                del value[-DISPOSE_CHUNK:]
+                await asyncio.sleep(0)
 
 
 def loads(data: str | bytes, slice_chars: int = SLICE_CHARS, window: int = WINDOW) -> Any:

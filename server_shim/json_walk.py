@@ -2,7 +2,7 @@
 
 The document is walked with an explicit stack; every value that fits in a window of `window` characters is
 handed whole to `json.scanner.c_make_scanner`, and a container larger than that is entered and its members
-read the same way (a list's small elements many at a time, `Walk._scalars`). The numbers come out as orjson's
+read the same way (a list's small elements many at a time, `Walk._batch`). The numbers come out as orjson's
 (64-bit integers stay integers, larger ones become floats, a double's overflow is an error), NaN and
 Infinity are refused, nesting deeper than 1,024 is an error; lone surrogate escapes and the UTF-8 check
 are `json_slices`'s, before the walk.
@@ -25,6 +25,8 @@ MAX_DEPTH = 1024  # orjson's nesting limit
 _WS = re.compile(r"[ \t\n\r]*")
 _WS_CHARS = (" ", "\t", "\n", "\r")
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_NUMBER_STARTS = frozenset("-0123456789")
+_BATCH_CUT = {'"': '"', "{": "}", "[": "]"}  # what ends an element that starts so (a number or literal: nothing)
 
 Scanner = Callable[[str, int], tuple[Any, int]]
 
@@ -83,6 +85,7 @@ class Walk:
         self.keys: list[str] = []  # the key the next value of each entered object goes to
         self.enter_from = MAX_DEPTH + 1  # containers this deep are entered, not scanned (past a RecursionError)
         self.root: Any = None
+        self.batches_parsed = self.batches_failed = 0
 
     def run(self) -> Generator[None, None, Any]:
         text, stack = self.text, self.stack
@@ -147,57 +150,67 @@ class Walk:
         """The fast path: a list's elements that lie in the current window, read in a tight loop until the
         slice's work is done. Where the list closes (True), or where the general path takes over."""
         chunk, base, depth = self.chunk, self.base, len(self.stack)
-        start = offset = pos - base
+        offset = pos - base
         if not 0 <= offset < len(chunk):
             return pos, False
-        budget = self.slice_chars - self.work
+        budget, spent = self.slice_chars - self.work, 0  # work: characters, and 3 more a batched number
         check_depth = depth + sys.getrecursionlimit() > MAX_DEPTH
         entered_only = depth >= self.enter_from
-        if chunk[offset : offset + 1] not in ("[", "{"):
-            offset = self._scalars(into, offset, min(len(chunk), offset + budget), check_depth)
-        while offset - start < budget:
-            if entered_only and chunk[offset : offset + 1] in ("[", "{"):
+        batching = self.batches_failed <= self.batches_parsed + 2
+        while spent < budget and offset < len(chunk):
+            if entered_only and chunk[offset] in "[{":
                 break
+            if batching:
+                number = chunk[offset] in _NUMBER_STARTS  # ~4 characters, ~0.25 µs each
+                span = (budget - spent) // 4 if number else budget - spent
+                after, count = self._batch(into, offset, min(len(chunk), offset + span), check_depth)
+                batching = after != offset  # one failed try per call at most
+                if batching:
+                    spent, offset = spent + after - offset + (3 * count if number else 0), after
+                    continue
             try:
                 value, end = self.scan(chunk, offset)
             except (StopIteration, ValueError, RecursionError):
                 break
-            after = chunk[end : end + 1]
-            if after in _WS_CHARS:
+            after_value = chunk[end : end + 1]
+            if after_value in _WS_CHARS:
                 end = _skip(chunk, end)
-                after = chunk[end : end + 1]
-            if after not in (",", "]"):
+                after_value = chunk[end : end + 1]
+            if after_value not in (",", "]"):
                 break
             if check_depth and value.__class__ in (list, dict):
                 _check_depth(value, MAX_DEPTH - depth, self.text, base + offset)
             into.append(value)
-            if after == "]":
-                self.work += end + 1 - start
+            spent += end + 1 - offset
+            if after_value == "]":
+                self.work += spent
                 return base + end + 1, True
-            offset = end + 1
-            if chunk[offset : offset + 1] in _WS_CHARS:
-                offset = _skip(chunk, offset)
-        self.work += offset - start
+            offset = _skip(chunk, end + 1) if chunk[end + 1 : end + 2] in _WS_CHARS else end + 1
+        self.work += spent
         return _skip(self.text, base + offset), False  # the window may have ended in whitespace
 
-    def _scalars(self, into: list[Any], offset: int, limit: int, check_depth: bool) -> int:
-        """Many small elements in one C call: the window's text up to its last comma, parsed as a list of
-        its own. Exact: if that comma were inside a string or a nested container, the list so made would not
-        parse (the string or container is left open), and the elements are then read one by one."""
+    def _batch(self, into: list[Any], offset: int, limit: int, check_depth: bool) -> tuple[int, int]:
+        """Many elements in one C call (where it ends, how many): the window's text up to the last comma after an element's end (`",`,
+        `},`, `],` or `,`, by the kind of the first), parsed as a list of its own. Exact: were that comma inside
+        a string or a nested container, the list so made would not parse (the string or container is left
+        open), and the elements are then read one by one (and batches tried less: `batches_failed`)."""
         chunk = self.chunk
-        cut = chunk.rfind('",', offset, limit) + 1 if chunk[offset] == '"' else chunk.rfind(",", offset, limit)
+        closer = _BATCH_CUT.get(chunk[offset], "")
+        cut = chunk.rfind(closer + ",", offset, limit) + len(closer)
         if cut <= offset:
-            return offset
+            return offset, 0
         try:
             values, end = self.scan("[" + chunk[offset:cut] + "]", 0)
         except (StopIteration, ValueError, RecursionError):
-            return offset
+            end = -1
         if end != cut - offset + 2:
-            return offset
+            self.batches_failed += 1
+            return offset, 0
         if check_depth:
             _check_depth(values, MAX_DEPTH + 1 - len(self.stack), self.text, self.base + offset)
+        self.batches_parsed += 1
         into.extend(values)
-        return _skip(chunk, cut + 1)
+        return _skip(chunk, cut + 1), len(values)
 
     def _key(self, pos: int) -> tuple[str, int]:
         text = self.text

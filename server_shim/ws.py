@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from . import metrics, tracing
+from . import json_slices, metrics, tracing
 from .admission import QueueBound
 from .backends.base import ConnectionScoped
 from .errors import APIError, internal_error, previous_response_in_progress
@@ -132,7 +132,7 @@ class ResponsesConnection:
             await self._handle_frame(data, size)
 
     async def _handle_frame(self, data: str | bytes, size: int) -> None:
-        stream_id = None
+        stream_id, body = None, None
         request: CreateRequest | APIError
         try:
             body = await read_frame(data, size, self.settings.sliced_parse_bytes)
@@ -145,6 +145,8 @@ class ResponsesConnection:
             request = error  # refused in lane order, after the requests queued before it
         if is_large(nbytes=size):  # parsed: others run before it is freed (refused) or queued
             await asyncio.sleep(0)
+            if isinstance(request, APIError):
+                await json_slices.dispose(body)
         lane = self._lanes.get(stream_id)
         if lane is None:
             if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:

@@ -162,7 +162,7 @@ def test_llama_stall_reports_each_thread_count() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_loop_stall_measures_each_frame_kind_with_stage_yields_off_and_on(tmp_path: Path) -> None:
+def test_loop_stall_measures_each_frame_kind_in_each_mode_with_a_second_connection(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.loop_stall", "--rounds", "1", "--out", str(tmp_path)],
         cwd=ROOT,
@@ -174,10 +174,15 @@ def test_loop_stall_measures_each_frame_kind_with_stage_yields_off_and_on(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = _strict_json(tmp_path / "loop-stall.json")
+    assert result["second"]["alone"]["turns"] > 0
     for kind in ("text_3mb", "items_60k", "items_5k"):
-        for mode in ("whole", "split"):
-            cell = result[f"{kind}_{mode}"]
-            assert cell["n"] == 1 and cell["max_ms"] >= cell["median_ms"] >= cell["min_ms"] > 0
+        for mode in ("yields_off", "orjson", "sliced"):
+            for stall in (result["stall"][kind][mode], result["stall_cpu"][kind][mode]):
+                assert stall["n"] == 1 and stall["max_ms"] >= stall["median_ms"] >= stall["min_ms"] > 0
+            second = result["second"][kind][mode]
+            assert second["turns"] > 0 and second["max_ms"] >= second["p99_ms"] >= second["p50_ms"] > 0
+        parse = result["parse"][kind]
+        assert parse["orjson_cpu_ms"] > 0 and parse["sliced_cpu_ms"] > 0 and parse["steps"] > 0
 
 
 @pytest.mark.timeout(300)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server_shim import json_slices
-from server_shim.json_slices import SLICE_CHARS, WINDOW, parse_in_slices, parse_steps
+from server_shim.json_slices import DISPOSE_CHUNK, SLICE_CHARS, WINDOW, dispose, parse_in_slices, parse_steps
 
 EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -238,3 +238,13 @@ def test_which_documents_are_sliced():
     assert not parse_in_slices(256 * 1024 - 1, 256 * 1024)
     assert parse_in_slices(256 * 1024, 256 * 1024)
     assert not parse_in_slices(10**9, 0)  # 0 turns slicing off
+
+
+def test_a_large_refused_body_is_freed_a_slice_at_a_time():
+    body = {"model": "m", "input": [{"n": n} for n in range(10 * DISPOSE_CHUNK)], "tools": []}
+    freeing, pauses = dispose(body), 0
+    with pytest.raises(StopIteration):
+        while True:
+            freeing.send(None)  # each `asyncio.sleep(0)` hands control back here
+            pauses += 1
+    assert pauses >= 9 and len(body["input"]) <= DISPOSE_CHUNK
