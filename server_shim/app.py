@@ -28,7 +28,7 @@ from .config import ShimConfig
 from .errors import APIError
 from .ledger import Ledger
 from .limits import RequestLimits
-from .observe import turn_finished
+from .observe import ANONYMOUS, turn_finished
 from .postinference import PostInference
 from .router import build_router
 from .safety import Classifier, Validator
@@ -36,7 +36,7 @@ from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys
 from .tokens import counters_by_model
-from .trim import Trimmer
+from .trim import Count, Counts, Trimmer
 from .turn import Turn
 from .turn_plan import TurnEnv
 from .ws import CLOSE_GOING_AWAY, FORCE_CLOSE_EXTENSION, ResponsesConnection
@@ -47,14 +47,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ShimStats:
+class ShimStats(Counts):
     """Counters a test or an operator can read: what arrived, not what clients meant to send."""
 
-    turns: int = 0
-    input_items_received: int = 0
-    bytes_received: int = 0
-    websocket_connections: int = 0
+    turns = Count()
+    input_items_received = Count()
+    bytes_received = Count()
+    websocket_connections = Count()
 
 
 @dataclass
@@ -115,7 +114,11 @@ def create_app(
     settings = settings or (config.settings() if config else Settings())
     manager = plugin_manager or extensions.default_plugin_manager()
     if backend is None:
-        backend = build_router(config or ShimConfig.from_settings(settings), extensions.backend_kinds(manager))
+        routed = config or ShimConfig.from_settings(settings)
+        backend = build_router(routed, extensions.backend_kinds(manager))
+        metrics.prepare(d.name for d in routed.deployments)
+    else:
+        metrics.prepare([ANONYMOUS])
     configured = checks_by_model(config or ShimConfig(), backend)
     checks = [*checks, *extensions.checks(manager, settings)]
     counters = counters_by_model((config or ShimConfig()).deployments)

@@ -25,10 +25,21 @@ class Health:
     consecutive_failures: int = 0
     open_until: float = 0.0
     limited_until: float = 0.0
-    ttft_s: float | None = None
-    tokens_per_s: float | None = None
     answered: bool = False
     """Whether it has ever answered (a probe or a turn): `/readyz` waits for one that has."""
+    _estimates: array[float] = field(default_factory=lambda: array("d", (math.nan, math.nan)), repr=False)
+    """The two EWMAs (NaN: none yet), updated in place: as float attributes, the floats the last turns
+    of a burst made would outlive it, each keeping the allocator arena it sits in from being returned."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, seconds (EWMA); None before the first measured turn."""
+        return None if math.isnan(self._estimates[0]) else self._estimates[0]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens per second (EWMA); None before the first measured turn."""
+        return None if math.isnan(self._estimates[1]) else self._estimates[1]
 
     def available(self, now: float) -> bool:
         return now >= self.open_until and now >= self.limited_until
@@ -43,9 +54,9 @@ class Health:
         self.consecutive_failures = 0
         self.open_until = 0.0
         if ttft_s is not None:
-            self.ttft_s = self._ewma(self.ttft_s, ttft_s)
+            self._estimates[0] = self._ewma(self.ttft_s, ttft_s)
         if tokens_per_s is not None:
-            self.tokens_per_s = self._ewma(self.tokens_per_s, tokens_per_s)
+            self._estimates[1] = self._ewma(self.tokens_per_s, tokens_per_s)
 
     def failure(self, now: float) -> None:
         self.consecutive_failures += 1

@@ -40,6 +40,7 @@ from .config import DeploymentConfig, RoutingConfig, ShimConfig
 from .deadlines import Deadlines, within
 from .errors import BackendError
 from .health import Health, TokenWindow
+from .trim import Count, Counts
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,12 @@ class Deployment:
         return not isinstance(self.backend, ReportsRateLimits) or not self.backend.rate_limit.exhausted()
 
 
-@dataclass
-class RouterStats:
-    resolutions: int = 0
-    sticky_reuses: int = 0
-    failovers: int = 0
+class RouterStats(Counts):
+    """How turns were routed: updated in place (`Counts`), as most turns bump one of them."""
+
+    resolutions = Count()
+    sticky_reuses = Count()
+    failovers = Count()
 
 
 class Router:

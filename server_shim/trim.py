@@ -3,7 +3,9 @@
 Once per burst of closes (`delay_s` after its last, see `trim_at`): the Prometheus observations still
 held applied (`metrics.flush_turns`: the values a batch holds are per-turn floats allocated all over
 the burst's memory, and Python's allocator returns a 1 MiB arena only once nothing in it is alive),
-a full garbage collection, then `malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
+the connections' cancelled timers purged from asyncio's heap (`purge_cancelled_timers`), the
+interpreter's attribute cache emptied (`clear_type_cache`), a full garbage collection (which also empties the interpreter's free lists), asyncio's reused future
+iterators renewed (`renew_future_iterators`), then `malloc_trim(0)` in a worker thread. The collection is needed because `serve` raises the GC
 thresholds (`GC_THRESHOLDS`), so a full collection otherwise comes only after millions of
 allocations: whatever a closed connection left in reference cycles (asyncio's transports are
 one) would wait for it. It walks only objects made since start-up (the start-up heap is frozen),
@@ -17,9 +19,12 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import sys
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar, overload
 
 from . import metrics
 
@@ -115,11 +120,115 @@ class Trimmer:
         self._first = None
         for settle in self.settle:
             settle()
+        loop = asyncio.get_running_loop()
+        purge_cancelled_timers(loop)
+        loop.call_soon(self._collect, began)  # after the loop's next purge
+
+    def _collect(self, began: float) -> None:
+        clear_type_cache()
         gc.collect()
+        renew_future_iterators(asyncio.get_running_loop())
         ended = self.clock()
         self._allowed = next_allowed(ended, ended - began)
         if _TRIM is not None:
             asyncio.get_running_loop().create_task(asyncio.to_thread(_TRIM, 0))
 
 
+def clear_type_cache() -> None:
+    """Empty CPython's attribute lookup cache, which keeps a reference to each name it caches.
+
+    It caches by the name's address, so a name made afresh for each lookup from C (`"dst"`, which
+    `datetime.timetuple()` looks up on its tzinfo, once per WebSocket handshake for the `Date`
+    header) takes a new entry each time: after a burst of connections hundreds of such strings,
+    allocated during it, stay referenced only by the cache, each keeping its allocator arena. The
+    cache refills as lookups happen (a few microseconds, once per burst).
+    """
+    clear = getattr(sys, "_clear_type_cache", None)
+    if clear is not None:
+        clear()
+
+
+PURGE_TIMERS = 1024
+"""Cancelled timers scheduled by `purge_cancelled_timers`: enough for asyncio to purge while fewer than
+this many timers are live (two per open connection and a few)."""
+
+
+def purge_cancelled_timers(loop: asyncio.AbstractEventLoop) -> None:
+    """Have asyncio drop from its heap the timers cancelled during the burst.
+
+    asyncio removes a cancelled timer only when it comes due, or when over 100 timers are scheduled and
+    over half of them are cancelled. Each connection has an idle and an age timer (minutes to an hour
+    away), cancelled when it closes: after a burst up to a hundred of them (a handle and a context each,
+    allocated during the burst) would stay, each keeping the allocator arena it sits in. Scheduling and
+    cancelling `PURGE_TIMERS` more crosses asyncio's threshold; its next loop iteration purges them all.
+    """
+    for handle in [loop.call_later(3600.0, _nothing) for _ in range(PURGE_TIMERS)]:
+        handle.cancel()
+
+
+def _nothing() -> None:
+    """Never called: the callback of a timer cancelled at once."""
+
+
+FUTURE_ITERATORS = 256
+"""More than asyncio's C module keeps for reuse (255 in CPython 3.11 to 3.13)."""
+
+
+def renew_future_iterators(loop: asyncio.AbstractEventLoop) -> None:
+    """Replace the iterators `await future` reuses with ones made now, and give the old ones back.
+
+    asyncio's C module keeps up to 255 freed future iterators for reuse, and no collection empties that
+    list: after a burst it holds blocks freed at the burst's end, scattered over the arenas the burst
+    opened, each keeping its arena from going back to the system. Taking them all out plus as many new
+    ones, then freeing the new ones first, refills the list with blocks made side by side now; the old
+    ones, freed last, find the list full and go back to the allocator.
+    """
+    future = loop.create_future()
+    taken = [future.__await__() for _ in range(2 * FUTURE_ITERATORS)]
+    del taken[FUTURE_ITERATORS:]
+    del taken
+
+
 _TRIM = _libc_trim()
+
+
+class Count:
+    """An integer field of a `Counts` class, kept in the instance's array."""
+
+    def __init__(self) -> None:
+        self.index = -1
+
+    def __set_name__(self, owner: type[Counts], name: str) -> None:
+        self.index = owner.size
+        owner.size += 1
+        owner.names = (*owner.names, name)
+
+    @overload
+    def __get__(self, obj: None, owner: type[Counts]) -> Count: ...
+    @overload
+    def __get__(self, obj: Counts, owner: type[Counts]) -> int: ...
+    def __get__(self, obj: Counts | None, owner: type[Counts]) -> int | Count:
+        return self if obj is None else obj.cells[self.index]
+
+    def __set__(self, obj: Counts, value: int) -> None:
+        obj.cells[self.index] = value
+
+
+class Counts:
+    """Integer counters (each a `Count` field) kept in one int64 array and updated in place.
+
+    An int attribute holds the int object its last update made (beyond 256 each value is a new
+    object): a counter bumped once per turn keeps one object allocated during the last burst of
+    clients, wherever the allocator had room, and that one object is enough to keep the 1 MiB
+    arena it sits in from going back to the system.
+    """
+
+    size: ClassVar[int] = 0
+    names: ClassVar[tuple[str, ...]] = ()
+    __slots__ = ("cells",)
+
+    def __init__(self) -> None:
+        self.cells = array("q", bytes(8 * self.size))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)}' for name in self.names)})"

@@ -12,21 +12,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import gc
 import json
+import sys
 import tracemalloc
 import weakref
 from collections.abc import Callable, Iterator
 
+import httpx2
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
 from support.wire import MODEL, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
-from server_shim import events, health, metrics
+from server_shim import events, health, ledger_sinks, metrics
+from server_shim.app import ShimStats
 from server_shim.events import new_id
-from server_shim.health import TokenWindow
-from server_shim.trim import GC_SHARE, Trimmer, allocator_line, next_allowed, trim_at
+from server_shim.health import Health, TokenWindow
+from server_shim.ledger import UsageRecord
+from server_shim.ledger_sinks import SqliteSink
+from server_shim.router import RouterStats
+from server_shim.trim import (
+    FUTURE_ITERATORS,
+    GC_SHARE,
+    Trimmer,
+    allocator_line,
+    clear_type_cache,
+    next_allowed,
+    purge_cancelled_timers,
+    renew_future_iterators,
+    trim_at,
+)
 from server_shim.ws_protocol import ShimWebSocketProtocol
 
 
@@ -184,3 +202,90 @@ async def test_the_trim_after_a_burst_applies_the_held_observations_before_colle
     trimmer = Trimmer(delay_s=0.0)
     trimmer.maybe_trim()
     assert await _until(lambda: REGISTRY.get_sample_value("responses_ws_turns_total", labels) == before + 1)
+
+
+async def test_timers_cancelled_by_closed_connections_are_purged_from_asyncio_at_the_trim():
+    loop = asyncio.get_running_loop()
+    sooner = loop.call_later(60.0, print)  # a live timer due first (the server has some: uvicorn's tick)
+    handle = loop.call_later(3600.0, print)  # as a connection's idle timer, far away
+    kept = weakref.ref(handle)
+    handle.cancel()
+    del handle
+    await asyncio.sleep(0)
+    assert kept() is not None, "asyncio keeps a cancelled timer until it is due or many are cancelled"
+    purge_cancelled_timers(loop)
+    await asyncio.sleep(0)
+    assert kept() is None
+    sooner.cancel()
+
+
+async def test_the_future_iterators_asyncio_reuses_are_renewed_and_the_old_ones_given_back():
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    old = [future.__await__() for _ in range(FUTURE_ITERATORS)]
+    assert type(old[0]).__name__ == "FutureIter"  # asyncio's C module, which keeps freed ones for reuse
+    old_blocks = {id(it) for it in old}
+    del old  # into the module's free list
+    reused = [future.__await__() for _ in range(FUTURE_ITERATORS)]
+    assert len(old_blocks & {id(it) for it in reused}) >= FUTURE_ITERATORS - 1
+    del reused
+    renew_future_iterators(loop)
+    taken = [future.__await__() for _ in range(FUTURE_ITERATORS - 1)]
+    assert not old_blocks & {id(it) for it in taken}
+
+
+def test_the_attribute_cache_lets_go_of_the_names_it_holds_when_cleared():
+    name = "".join(["d", "s", "t"])  # a fresh string, as C code makes for each lookup
+    before = sys.getrefcount(name)
+    getattr(datetime.UTC, name)
+    assert sys.getrefcount(name) == before + 1, "the type cache keeps the name"
+    clear_type_cache()
+    assert sys.getrefcount(name) == before
+
+
+def test_usage_ledger_writes_leave_no_object_behind(tmp_path):
+    sink = SqliteSink(tmp_path / "usage.db")
+    records = [
+        UsageRecord(f"resp_{n}", 1.0 + n, None, "m", "d", "completed", "websocket", None, 3, 0, 5, 1.0, 2.0)
+        for n in range(3)
+    ]
+    sink.write(records)
+    assert left_alive(lambda: [sink.write(records) for _ in range(300)], ledger_sinks.__file__) == []
+    sink.close()
+
+
+def test_counters_bumped_past_the_small_ints_leave_no_object_behind():
+    stats, routed = ShimStats(), RouterStats()
+
+    def bump() -> None:
+        for _ in range(1_000):
+            stats.turns += 1
+            stats.bytes_received += 70_000
+            routed.sticky_reuses += 1
+
+    assert left_alive(bump, __file__) == []
+    assert (stats.turns, stats.bytes_received, routed.sticky_reuses) == (1_000, 70_000_000, 1_000)
+    assert repr(routed) == "RouterStats(resolutions=0, sticky_reuses=1000, failovers=0)"
+
+
+def test_a_deployments_latency_estimates_are_updated_in_place():
+    health = Health(failure_threshold=3, cooldown_s=30.0, alpha=0.5)
+    assert (health.ttft_s, health.tokens_per_s) == (None, None)
+    health.success()  # its constants in place of the defaults (no new object either)
+    held = {id(obj) for obj in gc.get_referents(health)}
+    for n in range(100):
+        health.success(ttft_s=0.01 * n, tokens_per_s=100.0 + n)
+    assert {id(obj) for obj in gc.get_referents(health)} == held
+    assert health.ttft_s == pytest.approx(0.98, abs=0.01) and health.tokens_per_s == pytest.approx(198.0, abs=1)
+
+
+def test_metric_children_for_labels_known_at_start_up_exist_before_any_turn(make_server):
+    server = make_server()
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items())))
+        for family in text_string_to_metric_families(httpx2.get(server.base_url.removesuffix("/v1") + "/metrics").text)
+        for sample in family.samples
+    }
+    assert ("responses_ws_cache_lookups_total", (("result", "hit"),)) in samples
+    assert ("responses_ws_turn_stage_seconds_count", (("stage", "backend_ttft"),)) in samples
+    assert ("responses_ws_received_bytes_total", (("transport", "http"),)) in samples
