@@ -101,12 +101,13 @@ async def within(
     first_token_at: float | None = None
     alarm = _Alarm()
     alarm.arm(loop, *deadlines.next(started, None, started))
+    task = asyncio.current_task()  # the task reading the stream (once: each lookup is a `getpid` system call)
+    assert task is not None
     try:
         while True:
             if alarm.fired:  # past due: the read is cut if it has to wait
                 alarm.handle = loop.call_soon(alarm.fire)
-            task = alarm.reading = asyncio.current_task()
-            assert task is not None
+            alarm.reading = task
             try:
                 delta = await anext(stream)
             except StopAsyncIteration:

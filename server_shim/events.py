@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 from openai.types.responses import Response
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
+from pydantic import BaseModel
 
 from .backends.base import Delta, Finish, TextDelta, ToolCallDelta, Usage
 
@@ -281,7 +283,7 @@ def response_object(
 ECHOED_FIELDS = frozenset(Response.model_fields) & frozenset(ResponseCreateParamsBase.__annotations__)
 """Request fields the API's Response object carries back: read from the SDK's own types."""
 
-_ECHO_DEFAULTS: dict[str, Any] = {
+ECHO_DEFAULTS: dict[str, Any] = {
     "background": False,
     "instructions": None,
     "max_output_tokens": None,
@@ -305,13 +307,26 @@ _ECHO_DEFAULTS: dict[str, Any] = {
 }
 
 
+@functools.cache
+def _echoed_names(model: type[BaseModel]) -> tuple[str, ...]:
+    """The echoed fields a request model declares, in its order (the order `model_dump` gives them)."""
+    return tuple(name for name in model.model_fields if name in ECHOED_FIELDS)
+
+
 def echoed_fields(request: Any) -> dict[str, Any]:
-    """What the request set, over the API's defaults; `store` is the shim's own (it defaults to true)."""
-    given = request.model_dump(include=set(ECHOED_FIELDS), exclude_none=True)
-    fields = {**_ECHO_DEFAULTS, **given, "model": request.model, "store": request.stores}
+    """What the request set, over the API's defaults; `store` is the shim's own (it defaults to true).
+
+    Read from the request's attributes, then its extra fields, as `model_dump(include=..., exclude_none=True)`
+    lists them (at a fraction of its cost: no copy is made of what the Response object only echoes).
+    """
+    given = {name: value for name in _echoed_names(request.__class__) if (value := getattr(request, name)) is not None}
+    extra = request.model_extra
+    if extra:
+        given.update((k, v) for k, v in extra.items() if k in ECHOED_FIELDS and v is not None)
+    fields = {**ECHO_DEFAULTS, **given, "model": request.model, "store": request.stores}
     for nested in ("reasoning", "text"):
         if nested in given:
-            fields[nested] = {**_ECHO_DEFAULTS[nested], **given[nested]}
+            fields[nested] = {**ECHO_DEFAULTS[nested], **given[nested]}
     if fields["service_tier"] == "auto":
         fields["service_tier"] = "default"
     fields.pop("metadata", None)

@@ -96,13 +96,17 @@ def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], Tu
     synchronous (the built-in ones) needs no task.
     """
     hook = manager.hook.responses_ws_response_finished
+    known: list[Any] = []
+    """The hook's implementations when `named` was made (remade when a plugin comes or goes)."""
+    named: list[tuple[str, Callable[..., Any], tuple[str, ...]]] = []
 
     def sink(response: dict[str, Any], info: TurnInfo) -> Awaitable[None] | None:
+        impls = hook.get_hookimpls()
+        if impls != known:
+            known[:] = impls
+            named[:] = [(f"of plugin {i.plugin_name}", i.function, tuple(i.argnames)) for i in reversed(impls)]
         args = {"response": response, "transport": info.transport, "info": info}
-        calls = [
-            (f"of plugin {impl.plugin_name}", functools.partial(impl.function, *(args[n] for n in impl.argnames)))
-            for impl in reversed(hook.get_hookimpls())
-        ]
+        calls = [(name, functools.partial(function, *(args[n] for n in names))) for name, function, names in named]
         return call_each(calls, response["id"])
 
     return sink

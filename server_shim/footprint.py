@@ -9,6 +9,7 @@ counted once, short dict keys (shared by the JSON decoder's key cache) are not c
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 SHARED_KEY_CHARS = 64
@@ -34,11 +35,12 @@ def _longest_key(node: dict) -> int:
         return SHARED_KEY_CHARS + 1
 
 
-def footprint(value: Any) -> int:
+def footprint(value: Any, known: Mapping[int, int] | None = None) -> int:
     """Bytes held by a JSON-like value (dicts, lists, tuples, str, bytes, numbers); iterative.
 
     Runs on every turn's new items and response: leaves are sized inline (not pushed), and exact
-    built-in types through their `__sizeof__` (`sys.getsizeof` only for anything else).
+    built-in types through their `__sizeof__` (`sys.getsizeof` only for anything else). `known`:
+    the footprints of containers that never change (by `id`), taken as they are instead of walked.
     """
     total = 0
     seen: set[int] = set()
@@ -57,6 +59,9 @@ def footprint(value: Any) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if known and id(node) in known:
+            total += known[id(node)]
+            continue
         sizer = _CONTAINER_SIZE.get(type(node))
         total += getsizeof(node) if sizer is None else sizer(node) + _GC_HEAD
         if isinstance(node, dict):

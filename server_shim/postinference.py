@@ -119,6 +119,8 @@ def _call(name: object, call: Callable[[], object], response_id: str | None) -> 
     except Exception:
         log.exception("post-inference sink %s failed for %s", name, response_id)
         return None
+    if result is None:  # what a synchronous sink returns: no `isawaitable` walk through the awaitable types
+        return None
     return result if inspect.isawaitable(result) else None
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Set
+from collections.abc import Iterable, Set
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 from . import metrics
 from .callids import own_calls
 from .errors import APIError, previous_response_in_progress, previous_response_not_found
+from .events import ECHO_DEFAULTS
 from .footprint import footprint
 from .history import History
 from .items import Item
@@ -17,6 +18,24 @@ from .tools import ChatTools
 
 STATE_OVERHEAD = 1024
 """The state object, its call-id set and the bookkeeping around it, per response."""
+
+
+def _sizes(containers: Iterable[Any]) -> dict[int, int]:
+    """The footprint of each container and of every container inside it, by `id`."""
+    sizes: dict[int, int] = {}
+    stack = [c for c in containers if isinstance(c, (dict, list))]
+    while stack:
+        container = stack.pop()
+        sizes[id(container)] = footprint(container)
+        stack.extend(
+            c for c in (container.values() if isinstance(container, dict) else container) if isinstance(c, (dict, list))
+        )
+    return sizes
+
+
+ECHO_DEFAULT_SIZES = _sizes(ECHO_DEFAULTS.values())
+"""The Response object's echoed defaults (`reasoning`, `text`, ...) are the same objects in every response and
+never change: their footprints are taken from here rather than walked every turn."""
 
 
 @dataclass(slots=True)
@@ -60,7 +79,7 @@ class ResponseState:
             STATE_OVERHEAD
             + self.history.held
             - self.base_held
-            + footprint((response, self.carry, self.checks, tuple(own_calls(self.call_ids))))
+            + footprint((response, self.carry, self.checks, tuple(own_calls(self.call_ids))), ECHO_DEFAULT_SIZES)
             + tools
         )
 

@@ -77,6 +77,8 @@ class ResponsesConnection:
         self._closing: asyncio.Task[None] | None = None
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
         self.id = new_id("conn")
+        self._loop = asyncio.get_running_loop()
+        """The connection's loop, looked up once (each `get_running_loop` is a `getpid` system call in 3.11)."""
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
         self.queued = QueueBound(settings.max_queued_requests, settings.max_queued_bytes)
@@ -165,7 +167,7 @@ class ResponsesConnection:
         if self.queued.full:
             self._room.clear()
         if lane.worker is None:
-            lane.worker = asyncio.create_task(self._run_lane(stream_id, lane))
+            lane.worker = self._loop.create_task(self._run_lane(stream_id, lane))
 
     async def _run_lane(self, stream_id: str | None, lane: _Lane) -> None:
         """Run the lane's requests in order; the lane goes away when its queue is empty."""
@@ -195,18 +197,16 @@ class ResponsesConnection:
     def _arm_idle_timer(self) -> None:
         """From now, `idle_timeout_s` without a frame closes the connection. One timer per connection,
         moved only when it fires (not cancelled and made again for every frame)."""
-        loop = asyncio.get_running_loop()
-        self._waiting_since = loop.time()
+        self._waiting_since = self._loop.time()
         if self._idle is None:
-            self._idle = loop.call_at(self._waiting_since + self.settings.idle_timeout_s, self._on_idle)
+            self._idle = self._loop.call_at(self._waiting_since + self.settings.idle_timeout_s, self._on_idle)
 
     def _on_idle(self) -> None:
         """No frame for `idle_timeout_s`: close if nothing is in flight, else look again later."""
         self._idle = None
-        loop = asyncio.get_running_loop()
         due = self._waiting_since + self.settings.idle_timeout_s
-        if loop.time() < due:  # a frame came since the timer was set
-            self._idle = loop.call_at(due, self._on_idle)
+        if self._loop.time() < due:  # a frame came since the timer was set
+            self._idle = self._loop.call_at(due, self._on_idle)
         elif self._lanes:
             self._arm_idle_timer()
         else:

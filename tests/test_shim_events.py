@@ -144,3 +144,51 @@ def test_ids_are_128_random_bits_never_repeated_and_a_forked_worker_draws_its_ow
     child = os.read(read, 100).decode()
     os.close(read)
     assert child != new_id("resp") and re.fullmatch(r"resp_[0-9a-f]{32}", child)
+
+
+def test_echoed_fields_are_what_model_dump_gives_for_any_request_shape():
+    """The echo reads attributes and extras (no `model_dump` per turn): the same Response fields, in the same order."""
+    import orjson
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from server_shim.events import ECHO_DEFAULTS, ECHOED_FIELDS, echoed_fields
+
+    def by_model_dump(request: CreateRequest) -> dict:
+        given_fields = request.model_dump(include=set(ECHOED_FIELDS), exclude_none=True)
+        fields = {**ECHO_DEFAULTS, **given_fields, "model": request.model, "store": request.stores}
+        for nested in ("reasoning", "text"):
+            if nested in given_fields:
+                fields[nested] = {**ECHO_DEFAULTS[nested], **given_fields[nested]}
+        if fields["service_tier"] == "auto":
+            fields["service_tier"] = "default"
+        fields.pop("metadata", None)
+        return fields
+
+    json = st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=5)),
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+        max_leaves=6,
+    )
+    optional = {
+        "instructions": st.one_of(st.none(), st.text(max_size=5)),
+        "previous_response_id": st.one_of(st.none(), st.text(min_size=1, max_size=5)),
+        "tools": st.one_of(st.none(), st.lists(st.dictionaries(st.text(max_size=4), json, max_size=2), max_size=2)),
+        "store": st.one_of(st.none(), st.booleans()),
+        "temperature": st.one_of(st.none(), st.floats(0, 2)),
+        "metadata": st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2)),
+        "text": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"verbosity": json})),
+        "reasoning": st.one_of(st.none(), st.dictionaries(st.sampled_from(["effort", "summary", "x"]), json)),
+        "service_tier": st.one_of(st.none(), st.sampled_from(["auto", "default", "flex"])),
+        "prompt": json,
+        "conversation": json,
+        "unknown_field": json,
+    }
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.fixed_dictionaries({"model": st.text(min_size=1, max_size=5)}, optional=optional))
+    def check(body):
+        request = CreateRequest.model_validate(body)
+        assert orjson.dumps(echoed_fields(request)) == orjson.dumps(by_model_dump(request))
+
+    check()

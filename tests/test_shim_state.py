@@ -400,3 +400,16 @@ def test_footprint_matches_its_definition_on_any_json_like_value_with_shared_par
         assert footprint(shared) == _footprint_by_definition(shared)
 
     check()
+
+
+def test_the_echoed_defaults_known_footprints_give_the_walked_figure():
+    """A Response object's shared default fields are sized from `ECHO_DEFAULT_SIZES`, to the same total."""
+    from server_shim.events import response_object
+    from server_shim.footprint import footprint
+    from server_shim.requests import CreateRequest
+    from server_shim.state import ECHO_DEFAULT_SIZES
+
+    for body in ({"model": "m"}, {"model": "m", "text": {"verbosity": "low"}, "reasoning": {"effort": "low"}}):
+        response = response_object("resp_1", CreateRequest.model_validate(body), status="completed")
+        assert footprint((response, {}, ()), ECHO_DEFAULT_SIZES) == footprint((response, {}, ()))
+    assert footprint([{}, {"a": [1]}], {}) == footprint([{}, {"a": [1]}])
