@@ -65,7 +65,13 @@ class Settings(BaseSettings):
         ge=0,
         description="frames and bodies this large are parsed in slices, letting other connections run (0: never)",
     )
-    max_json_depth: int = 64
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        le=200,
+        description="nesting of any request value (at most 200: orjson encodes ~254 levels, and events, states and "
+        "the store wrap request values a few levels deeper)",
+    )
     max_input_items: int = 5_000
     max_item_references: int = 256
     max_reference_bytes: int = 4 * 1024 * 1024

@@ -13,7 +13,10 @@ The decisions only (sans-I/O); `ws.py` sends the events and runs the turns. Per 
   explicit `response.create` continuing that response gets the input prepended to its own.
 - Everything else is `response.steer.failed` with the input returned: `invalid_input`,
   `response_not_found`, `response_already_completed`, `response_not_active`,
-  `too_many_pending_steers`, `successor_creation_failed`.
+  `too_many_pending_steers`, `successor_creation_failed`, and the request limits' own codes
+  (`too_many_input_items`, `invalid_value` for nesting...): steer input is held to the limits a
+  `response.create`'s input is, since it becomes one. Input nested too deep is not returned
+  (`input` is `""`): it could not be encoded.
 
 Steer events are numbered by the connection's own counter: they belong to no response's stream.
 """
@@ -27,6 +30,7 @@ from typing import Any
 from .errors import APIError
 from .events import Event, new_id
 from .items import Item, validate_items
+from .limits import DEFAULT_LIMITS, RequestLimits, check_body
 
 MAX_QUEUED = 16
 """Steers one response may hold; more are refused with `too_many_pending_steers`."""
@@ -60,7 +64,8 @@ class SteerSlot:
 class Steering:
     """One connection's steering state."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: RequestLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
         self.active: dict[str, SteerSlot] = {}
         self.pending: dict[str, list[Steer]] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -74,6 +79,13 @@ class Steering:
         """Accept or refuse one `response.steer` frame; the event to send at once."""
         target = body.get("previous_response_id")
         steer = Steer(None, target if isinstance(target, str) else "", body.get("input"))
+        try:  # the limits first: a refused input may be too deep to echo, or costly to validate
+            check_body({"input": steer.input}, self.limits)
+        except APIError as error:
+            if error.code == "invalid_value":  # nested too deep: returning it could not be encoded
+                steer.input = ""
+                return self.failed(steer, error.code, error.message + " The input is not returned.")
+            return self.failed(steer, error.code, error.message)
         problem = _invalid(body)
         if problem is not None:
             return self.failed(steer, "invalid_input", problem)

@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import json_slices, metrics, tracing
@@ -31,7 +30,16 @@ from .state import ConnectionCache
 from .steer import Steer, Steering, SteerSlot, steered_input
 from .tenants import scope_tenant
 from .turn import Turn
-from .ws_frames import age_limit_error, frame_nbytes, idle_error, lane_of, read_frame, too_large_error, with_lane
+from .ws_frames import (
+    age_limit_error,
+    encode_event,
+    frame_nbytes,
+    idle_error,
+    lane_of,
+    read_frame,
+    too_large_error,
+    with_lane,
+)
 
 if TYPE_CHECKING:
     from .app import ShimState
@@ -69,7 +77,7 @@ class ResponsesConnection:
         self.shim = shim
         self.settings = settings
         self.cache = ConnectionCache(settings.cache_max_responses, settings.cache_max_bytes)
-        self.steering = Steering()
+        self.steering = Steering(shim.env.limits)
         self.state = ConnectionState.OPEN
         self._lanes: dict[str | None, _Lane] = {}
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
@@ -183,11 +191,16 @@ class ResponsesConnection:
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
-            while lane.queue:
-                self._dequeued(lane.queue.popleft()[1])
-            if self._lanes.get(stream_id) is lane:
-                del self._lanes[stream_id]
-                metrics.LANES.dec()
+            self._drop_lane(stream_id, lane)
+
+    def _drop_lane(self, stream_id: str | None, lane: _Lane) -> None:
+        """The lane is done: its queue released and the lanes gauge undone, once (from its worker, or from
+        `_cancel_lanes` for a worker cancelled before it ever ran, whose `finally` never runs)."""
+        while lane.queue:
+            self._dequeued(lane.queue.popleft()[1])
+        if self._lanes.get(stream_id) is lane:
+            del self._lanes[stream_id]
+            metrics.LANES.dec()
 
     def _dequeued(self, size: int) -> None:
         self.queued.remove(size)
@@ -281,10 +294,9 @@ class ResponsesConnection:
             return False
         if self.state is ConnectionState.CLOSED:
             raise WebSocketDisconnect(1006)
-        if event["type"] == "error":
-            metrics.ERRORS.labels(event["error"]["code"]).inc()
+        data = encode_event(event)
         try:
-            self._send_now(orjson.dumps(event))
+            self._send_now(data)
         except OSError:
             self._gone()
         return True
@@ -292,9 +304,7 @@ class ResponsesConnection:
     async def send(self, event: dict[str, Any]) -> None:
         if self.sent_at_once(event):
             return
-        if event["type"] == "error":
-            metrics.ERRORS.labels(event["error"]["code"]).inc()
-        data = orjson.dumps(event)
+        data = encode_event(event)
         async with self._send_lock:
             if self.state is ConnectionState.CLOSED:
                 raise WebSocketDisconnect(1006)
@@ -360,6 +370,8 @@ class ResponsesConnection:
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        for stream_id, lane in list(self._lanes.items()):
+            self._drop_lane(stream_id, lane)
         if self._closing is not None and self._closing is not asyncio.current_task():
             self._closing.cancel()
             await asyncio.gather(self._closing, return_exceptions=True)

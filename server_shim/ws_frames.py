@@ -5,14 +5,18 @@ Plain functions, apart from the connection loop in `ws.py` that uses them.
 
 from __future__ import annotations
 
+import logging
 from json import JSONDecodeError
 from typing import Any
 
 import orjson
 
-from . import json_slices
+from . import json_slices, metrics
 from .errors import APIError, invalid
 from .requests import check_stream_id
+
+log = logging.getLogger(__name__)
+_unencodable_logged = False
 
 
 def frame_nbytes(data: str | bytes) -> int:
@@ -91,4 +95,35 @@ def too_large_error(limit: int) -> APIError:
         400,
         "message_too_large",
         f"The frame exceeds the {limit}-byte limit; this connection will close with code 1009.",
+    )
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    """The event as JSON, counted in the error metric when it is an error.
+
+    The last line of defence: the request limits keep client values encodable (nesting well under
+    the ~254 levels orjson writes), but an event that still cannot be encoded becomes an
+    `event_encoding_failed` error event on its lane, logged once per process, and the connection
+    carries on (an exception here used to drop the socket and every other lane with it).
+    """
+    try:
+        data = orjson.dumps(event)
+    except TypeError as exc:  # orjson.JSONEncodeError: too deep, an unencodable value
+        event = with_lane(unencodable_error(event, exc).event(), event.get("stream_id"))
+        data = orjson.dumps(event)
+    if event["type"] == "error":
+        metrics.ERRORS.labels(event["error"]["code"]).inc()
+    return data
+
+
+def unencodable_error(event: dict[str, Any], exc: TypeError) -> APIError:
+    global _unencodable_logged
+    if not _unencodable_logged:
+        _unencodable_logged = True
+        log.error("a %r event could not be encoded (%s); sent an error event instead (logged once)", event["type"], exc)
+    return APIError(
+        500,
+        "event_encoding_failed",
+        f"The server could not encode a {event['type']!r} event ({exc}); it was not sent.",
+        type="server_error",
     )
