@@ -170,9 +170,10 @@ async def test_a_frame_over_the_protocol_bound_still_gets_message_too_large_befo
 async def test_too_many_tools_over_websocket_names_the_limit_and_the_connection_stays_usable(make_server):
     server = make_server(max_tools=2)
     async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
-        turn = await run_turn(conn, input="hi", tools=[LOOKUP_TOOL] * 3, store=False)
+        tools = [{**LOOKUP_TOOL, "name": f"lookup_{i}"} for i in range(3)]  # distinct names: duplicates are refused
+        turn = await run_turn(conn, input="hi", tools=tools, store=False)
         assert turn.error is not None and turn.error["error"]["code"] == "too_many_tools"
-        completed_ok(await run_turn(conn, input="hi", tools=[LOOKUP_TOOL] * 2, store=False))
+        completed_ok(await run_turn(conn, input="hi", tools=tools[:2], store=False))
 
 
 async def test_item_references_expanding_past_the_limit_are_refused_and_the_chain_continues(make_server):
