@@ -65,8 +65,8 @@ def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
     if isinstance(items, list) and len(items) > limits.max_input_items:
         raise _too_many_items(len(items), limits)
     tools = body.get("tools")
-    if isinstance(tools, list) and len(tools) > limits.max_tools:
-        raise _too_many_tools(len(tools), limits)
+    if isinstance(tools, list) and tool_count(tools) > limits.max_tools:
+        raise _too_many_tools(tool_count(tools), limits)
     for key, value in body.items():
         if deeper_than(value, limits.max_json_depth - 1):
             raise invalid(
@@ -97,7 +97,23 @@ def _too_many_items(count: int, limits: RequestLimits) -> APIError:
 
 
 def _too_many_tools(count: int, limits: RequestLimits) -> APIError:
-    return APIError(400, "too_many_tools", f"{count} tools given; at most {limits.max_tools} are allowed.", "tools")
+    message = (
+        f"{count} tools given (a namespace and each of its members count); at most {limits.max_tools} are allowed."
+    )
+    return APIError(400, "too_many_tools", message, "tools")
+
+
+def tool_count(tools: list[Any]) -> int:
+    """Every entry of `tools` and of each namespace's `tools`: a member is a tool the backend gets."""
+    return len(tools) + sum(len(members) for _, members in _namespaces(tools))
+
+
+def _namespaces(tools: list[Any]) -> list[tuple[int, list[Any]]]:
+    return [
+        (index, tool["tools"])
+        for index, tool in enumerate(tools)
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list)
+    ]
 
 
 def _check_references(items: list[Any], limits: RequestLimits) -> None:
@@ -112,14 +128,19 @@ def _check_references(items: list[Any], limits: RequestLimits) -> None:
 
 
 def _check_tool_schemas(tools: list[Any], limits: RequestLimits) -> None:
-    for index, tool in enumerate(tools):
+    """Each tool's `parameters`, a namespace member's (`tools[i].tools[j]`) as a top-level tool's."""
+    entries = [(f"tools[{index}]", tool) for index, tool in enumerate(tools)]
+    entries += [
+        (f"tools[{i}].tools[{j}]", member) for i, members in _namespaces(tools) for j, member in enumerate(members)
+    ]
+    for where, tool in entries:
         schema = tool.get("parameters") if isinstance(tool, dict) else None
         if deeper_than(schema, limits.max_tool_schema_depth):
             raise APIError(
                 400,
                 "tool_schema_too_deep",
-                f"The schema of tools[{index}] nests deeper than {limits.max_tool_schema_depth} levels.",
-                f"tools[{index}].parameters",
+                f"The schema of {where} nests deeper than {limits.max_tool_schema_depth} levels.",
+                f"{where}.parameters",
             )
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+import openai
 import orjson
 import pytest
 import websockets
@@ -92,6 +93,41 @@ def test_too_many_tools_and_too_deep_a_tool_schema():
     deep = {**tool, "parameters": nested(5)}
     error = refused({"tools": [tool, deep]}, RequestLimits(max_tool_schema_depth=4))
     assert (error.code, error.param) == ("tool_schema_too_deep", "tools[1].parameters")
+
+
+def test_a_namespace_and_its_members_count_as_tools_and_each_member_schema_is_bounded():
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    namespace = {"type": "namespace", "name": "ns", "description": "d", "tools": [tool] * 3}
+    assert check_body({"tools": [namespace]}, RequestLimits(max_tools=4)) is None
+    error = refused({"tools": [namespace, tool]}, RequestLimits(max_tools=4))
+    assert (error.code, error.param) == ("too_many_tools", "tools") and error.message.startswith("5 tools given")
+    deep = {**namespace, "tools": [tool, {**tool, "parameters": nested(5)}]}
+    error = refused({"tools": [tool, deep]}, RequestLimits(max_tool_schema_depth=4))
+    assert (error.code, error.param) == ("tool_schema_too_deep", "tools[1].tools[1].parameters")
+
+
+async def test_namespace_members_are_held_to_the_tool_limits_over_both_transports(make_server):
+    server = make_server(max_tools=4, max_tool_schema_depth=4)
+    members = [{**LOOKUP_TOOL, "name": f"lookup_{i}"} for i in range(4)]
+    wide = {"type": "namespace", "name": "ns", "description": "d", "tools": members}
+    deep = {**wide, "tools": [{**LOOKUP_TOOL, "parameters": nested(5)}]}
+    fine = {**wide, "tools": members[:3]}
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="hi", store=False)
+            for tools, code, param in [
+                ([wide], "too_many_tools", "tools"),
+                ([deep], "tool_schema_too_deep", "tools[0].tools[0].parameters"),
+            ]:
+                turn = await run_turn(conn, input="hi", tools=tools, previous_response_id=first.id, store=False)
+                assert turn.error is not None and (turn.error["error"]["code"], turn.error["error"]["param"]) == (
+                    code,
+                    param,
+                )
+            completed_ok(await run_turn(conn, input="hi", tools=[fine], previous_response_id=first.id, store=False))
+        with pytest.raises(openai.BadRequestError) as refused_http:
+            await sdk.responses.create(model=MODEL, input="hi", tools=[deep])
+        assert refused_http.value.code == "tool_schema_too_deep"
 
 
 def test_references_expanding_past_the_byte_limit_are_refused_and_repeats_count_each_time():
