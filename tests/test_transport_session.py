@@ -116,20 +116,19 @@ async def test_frames_no_lane_keeps_are_dropped_unparsed_only_when_their_type_is
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     conn = Connection(None, Socket(1, (), 0.0, capacity=16), lanes=True)  # type: ignore[arg-type]  # no I/O here
-    delta = '{"type":"response.output_text.delta","delta":"x","stream_id":"t1"}'
+    delta = b'{"type":"response.output_text.delta","delta":"x","stream_id":"t1"}'
     assert conn._unwanted(delta), "no lane open: a stray delta"
     outcome = conn.open_lane(terminal_only=True)
     assert conn._unwanted(delta)
     for kept in (
-        '{"type":"response.completed","response":{}}',
-        '{"type":"response.incomplete","response":{}}',
-        '{"type":"response.failed","response":{}}',
-        '{"type":"error","error":{}}',
-        '{"type":"response.complete\\u0064","response":{}}',  # an escape: only parsing says what it is
-        '{"sequence_number":1,"type":"response.output_text.delta"}',  # written in another order
-        '{ "type": "response.output_text.delta"}',
-        '{"type":"',
-        delta.encode(),  # a binary frame
+        b'{"type":"response.completed","response":{}}',
+        b'{"type":"response.incomplete","response":{}}',
+        b'{"type":"response.failed","response":{}}',
+        b'{"type":"error","error":{}}',
+        b'{"type":"response.complete\\u0064","response":{}}',  # an escape: only parsing says what it is
+        b'{"sequence_number":1,"type":"response.output_text.delta"}',  # written in another order
+        b'{ "type": "response.output_text.delta"}',
+        b'{"type":"',
     ):
         assert not conn._unwanted(kept), kept
     streaming = conn.open_lane()

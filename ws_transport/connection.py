@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,8 +27,11 @@ log = logging.getLogger("ws_transport")
 ABNORMAL_CLOSURE = 1006
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 """What a turn that keeps only its outcome needs: the terminal event and the error that may follow it."""
-TYPE_PREFIX = '{"type":"'
+TERMINAL_TYPES = frozenset(kind.encode() for kind in TERMINAL_EVENTS)
+TYPE_PREFIX = b'{"type":"'
 TYPE_START = len(TYPE_PREFIX)
+SEND_TEXT_BYTES = "text" in inspect.signature(ClientConnection.send).parameters
+"""websockets 14+ sends bytes as a text frame as they are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,10 @@ class Connection:
 
     async def send(self, frame: bytes) -> None:
         try:
-            await self.socket.send(frame.decode())  # a text frame; `send(bytes, text=True)` needs websockets 14
+            if SEND_TEXT_BYTES:  # a text frame from the encoded bytes, not decoded and encoded again
+                await self.socket.send(frame, text=True)
+            else:
+                await self.socket.send(frame.decode())
         except ConnectionClosed as exc:
             raise ConnectionLost(*close_info(self.socket)) from exc
 
@@ -106,7 +113,8 @@ class Connection:
 
     async def _read(self, listener: Listener) -> None:
         try:
-            async for message in self.socket:
+            while True:
+                message = await self.socket.recv(decode=False)  # JSON bytes: orjson reads them undecoded
                 if self._unwanted(message):
                     continue
                 event = orjson.loads(message)
@@ -126,23 +134,19 @@ class Connection:
                 queue.put_nowait(self.closed)
             listener.socket_closed(self)
 
-    def _unwanted(self, message: str | bytes) -> bool:
+    def _unwanted(self, message: bytes) -> bool:
         """Whether the frame is one no lane keeps, told without parsing it: every open lane keeps only its
         terminal events, and the frame opens with a plain type that is not one (`{"type":"response.created",`,
         as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
         non-terminal event is not logged: with debug logging on, every frame is parsed."""
-        if (
-            type(message) is not str
-            or not message.startswith(TYPE_PREFIX)
-            or len(self.terminal_only) != len(self.lanes)
-        ):
+        if not message.startswith(TYPE_PREFIX) or len(self.terminal_only) != len(self.lanes):
             return False
-        end = message.find('"', TYPE_START)
+        end = message.find(b'"', TYPE_START)
         kind = message[TYPE_START:end]
         return (
             end > TYPE_START
-            and "\\" not in kind
-            and kind not in TERMINAL_EVENTS
+            and b"\\" not in kind
+            and kind not in TERMINAL_TYPES
             and not log.isEnabledFor(logging.DEBUG)
         )
 
