@@ -1,6 +1,6 @@
 """Instructions per turn of the `client` suite's clients, counted by valgrind (callgrind).
 
-    python -m benchmarks.client_instructions [--turns 100] [--warm-up 20] [--clients floor,wrap,wrap_async]
+    python -m benchmarks.client_instructions [--turns 100] [--warm-up 20] [--clients floor,wrap,wrap_async,wrap_stream]
 
 The `client` suite's CPU times move with the load of a shared machine by more than most single
 changes save; an instruction count does not. The suite's tool loop (every reply a
@@ -32,7 +32,7 @@ from .client_cpu import FloorFrames, _call_id, capture, floor_client, wrap_async
 from .common import Subprocess, free_port, shim_command
 from .report import format_table
 
-CLIENTS = ("floor", "wrap", "wrap_async")
+CLIENTS = ("floor", "wrap", "wrap_async", "wrap_stream")
 
 
 def run_child(name: str, port: int, call_id: str, warm_up: int, turns: int) -> None:
@@ -47,8 +47,8 @@ def run_child(name: str, port: int, call_id: str, warm_up: int, turns: int) -> N
     total = warm_up + turns + 1  # the mark after the last counted turn is a turn's start
     if name == "floor":
         asyncio.run(floor_client(ws_url, FloorFrames(call_id), total, before=gate))
-    elif name == "wrap":
-        wrap_client(base_url, total, stream=False, before=gate)
+    elif name in ("wrap", "wrap_stream"):
+        wrap_client(base_url, total, stream=name == "wrap_stream", before=gate)
     else:
         asyncio.run(wrap_async_client(base_url, total, before=gate))
 

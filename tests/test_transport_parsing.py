@@ -22,7 +22,7 @@ import pytest
 from openai import OpenAI
 from openai._models import BaseModel as SDKModel
 from openai._models import add_request_id, construct_type
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from pydantic_core import SchemaValidator
 
@@ -45,6 +45,13 @@ def sdk_response(client: OpenAI, data: dict[str, Any]) -> Response:
     parsed: Response = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
     add_request_id(parsed, None)
     return parsed
+
+
+def fast_client(**options: Any) -> OpenAI:
+    """A client whose parser `wrap()` made fast (no socket needed for parsing)."""
+    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1", **options)
+    _sdk.parse_faster(client)
+    return client
 
 
 def assert_same_as_sdk(cls: type[Any], data: Any) -> Any:
@@ -136,14 +143,15 @@ def test_what_validation_would_read_otherwise_is_left_to_the_sdk(change: Any) ->
     data = _valid()
     change(data)
     assert parsing.parse(Response, data) is None
-    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
-    assert difference(_sdk.parse_response(client, data), sdk_response(client, data)) is None
+    client = fast_client()
+    assert difference(_sdk.parse_response(client, data), sdk_response(OpenAI(api_key="k"), data)) is None
 
 
 def test_a_client_with_strict_response_validation_gets_the_sdks_own_validation() -> None:
-    strict = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1", _strict_response_validation=True)
+    strict = fast_client(_strict_response_validation=True)
     data = {**_valid(), "zz_extra": 1}
-    assert difference(_sdk.parse_response(strict, data), sdk_response(strict, data)) is None
+    reference = OpenAI(api_key="k", _strict_response_validation=True)
+    assert difference(_sdk.parse_response(strict, data), sdk_response(reference, data)) is None
     assert "zz_extra" in _sdk.parse_response(strict, data).model_fields_set, "the SDK validated: extras count as set"
 
 
@@ -228,6 +236,66 @@ def test_only_unions_whose_variants_each_require_their_own_type_become_tagged_un
     tagged = SchemaValidator(parsing.tagged_schema(TypeAdapter(list[KindA | KindB]).core_schema))
     values = [{"type": "bb"}, {"type": "a", "n": 1}]
     assert tagged.validate_python(values, strict=True) == TypeAdapter(list[KindA | KindB]).validate_python(values)
+
+
+# Stream events: the SDK validates each against the union of all event types.
+
+
+def assert_event_same_as_sdk(data: dict[str, Any]) -> Any:
+    fast = parsing.parse_union(ResponseStreamEvent, data)
+    if fast is not None:
+        reference = sdk_parse(ResponseStreamEvent, data)
+        assert difference(fast, reference) is None, difference(fast, reference)
+    return fast
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_valid_stream_event_parses_fast_to_the_sdks_object(seed: int) -> None:
+    data = shape(ResponseStreamEvent, random.Random(seed))
+    assert assert_event_same_as_sdk(data) is not None
+
+
+def test_stream_event_mutants_parse_to_the_sdks_object_or_are_left_to_the_sdk() -> None:
+    fast = 0
+    for seed in range(1500):
+        rng = random.Random(seed)
+        data = mutant(shape(ResponseStreamEvent, rng), rng)
+        try:
+            sdk_parse(ResponseStreamEvent, data)
+        except Exception:
+            assert parsing.parse_union(ResponseStreamEvent, data) is None
+            continue
+        fast += assert_event_same_as_sdk(data) is not None
+    assert 300 < fast < 1500, "both outcomes came up"
+
+
+def test_a_wrapped_clients_stream_events_are_parsed_fast_and_read_as_the_sdk_reads_them(
+    server: BackgroundServer,
+) -> None:
+    sdk_parses: list[Any] = []
+    raw: list[dict[str, Any]] = []
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    sdk_parser = client._process_response_data
+
+    def counted(**kwargs: Any) -> Any:
+        sdk_parses.append(kwargs["cast_to"])
+        return sdk_parser(**kwargs)
+
+    client._process_response_data = counted  # type: ignore[method-assign]
+    with ws_transport.wrap(client, on_event=raw.append) as wrapped:
+        history: list[Any] = [{"role": "user", "content": 'call lookup {"n": 1}'}]
+        typed: list[Any] = []
+        for turn in range(3):
+            with wrapped.responses.create(model=MODEL, input=history, tools=[FUNCTION], stream=True) as stream:
+                events = list(stream)
+            typed += events
+            final = events[-1].response  # type: ignore[union-attr]
+            history += [*final.output, {"role": "user", "content": f"and then {turn}"}]
+    assert sdk_parses == [], "no event went to the SDK's parser"
+    assert {e.type for e in typed} >= {"response.function_call_arguments.delta", "response.output_text.delta"}
+    for event, data in zip(typed, raw, strict=True):
+        assert "stream_id" not in data  # the SSE framing took the lane id out, as the SDK reads the event
+        assert difference(event, sdk_parse(ResponseStreamEvent, data)) is None
 
 
 # The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.

@@ -128,6 +128,34 @@ def parse(cls: type[ModelT], data: Any) -> ModelT | None:
 _setattr = object.__setattr__
 
 
+def parse_union(union: Any, data: Any) -> Any:
+    """A value of the union type `union` (the SDK's stream events) made of `data` as the SDK's parser makes it,
+    or None where only that parser knows how.
+
+    For a union the SDK's parser is pydantic: it validates `data` against the whole union (leniently)
+    and constructs a variant only when that fails. The same validation with the union tagged gives
+    the same object (only the variant the `type` names can fit); a failure is left to the SDK.
+    """
+    validator = _union_validator(union)
+    if validator is None or type(data) is not dict:
+        return None
+    try:
+        return validator.validate_python(data)
+    except pydantic.ValidationError:
+        return None
+
+
+@functools.cache
+def _union_validator(union: Any) -> SchemaValidator | None:
+    """The validator of the union the SDK's parser validates (`Annotated` metadata off, a type alias kept), tagged."""
+    target = union
+    while typing.get_origin(target) is typing.Annotated:
+        target = typing.get_args(target)[0]
+    if not _is_union(_unwrap(target)) or pydantic.VERSION.startswith("1."):
+        return None
+    return SchemaValidator(tagged_schema(pydantic.TypeAdapter(target).core_schema))  # type: ignore[arg-type]
+
+
 def tagged_schema(schema: Any) -> Any:
     """A copy of a core schema in which each union whose variants all require a distinct literal `type`
     (the SDK's discriminated unions) is a tagged union on `type`."""

@@ -109,6 +109,7 @@ CHAT = _Endpoint(
 def _install(client: OpenAI | AsyncOpenAI, session: Session) -> None:
     """Wrap `responses.create` (and `chat.completions.create` when asked) here and on every copy
     that shares this client's HTTP client."""
+    _sdk.parse_faster(client)
     make = _async_create if isinstance(client, AsyncOpenAI) else _sync_create
     client.responses.create = make(client, client.responses, session, RESPONSES)  # type: ignore[method-assign]
     if session.options.chat_completions:
