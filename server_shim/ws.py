@@ -64,9 +64,11 @@ class ConnectionState(enum.Enum):
 
 @dataclass
 class _Lane:
-    queue: deque[tuple[CreateRequest | APIError, int]] = field(default_factory=deque)
+    queue: deque[tuple[CreateRequest | APIError | str | bytes, int]] = field(default_factory=deque)
     """Each request with the size of the frame it came in, for the connection's `QueueBound` (a plain
-    deque: the worker drains it and ends, nothing waits on it)."""
+    deque: the worker drains it and ends, nothing waits on it). A request that has to wait is kept as its
+    frame and parsed when its turn comes: parsed, it holds 7-8 times its JSON, so `max_queued_bytes` would
+    bound the frames but not the memory."""
     worker: asyncio.Task[None] | None = None
 
 
@@ -143,19 +145,21 @@ class ResponsesConnection:
 
     async def _handle_frame(self, data: str | bytes, size: int) -> None:
         stream_id, body = None, None
-        request: CreateRequest | APIError
+        request: CreateRequest | APIError | str | bytes
         try:
             body = await read_frame(data, size, self.settings.sliced_parse_bytes)
             if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
                 await self.send(self.steering.submit(body))
                 return
             stream_id = check_stream_id(body.get("stream_id"))
-            request = parse_create(body, websocket=True, limits=self.shim.env.limits)
+            request = (
+                data if self._waits(stream_id) else parse_create(body, websocket=True, limits=self.shim.env.limits)
+            )
         except APIError as error:
             request = error  # refused in lane order, after the requests queued before it
-        if is_large(nbytes=size):  # parsed: others run before it is freed (refused) or queued
+        if is_large(nbytes=size):  # parsed: others run before it is freed (refused or kept as its frame) or queued
             await asyncio.sleep(0)
-            if isinstance(request, APIError):
+            if not isinstance(request, CreateRequest):
                 await json_slices.dispose(body)
         lane = self._lanes.get(stream_id)
         if lane is None:
@@ -177,6 +181,19 @@ class ResponsesConnection:
         if lane.worker is None:
             lane.worker = self._loop.create_task(self._run_lane(stream_id, lane))
 
+    def _waits(self, stream_id: str | None) -> bool:
+        """Whether a request for this lane would wait (its lane busy, or every in-flight slot taken)."""
+        lane = self._lanes.get(stream_id)
+        return (lane is not None and lane.worker is not None) or self._in_flight.locked()
+
+    async def _parsed(self, frame: str | bytes, size: int) -> CreateRequest | APIError:
+        """A queued frame read again when its turn comes (its JSON and type were checked on arrival)."""
+        try:
+            body = await read_frame(frame, size, self.settings.sliced_parse_bytes)
+            return parse_create(body, websocket=True, limits=self.shim.env.limits)
+        except APIError as error:
+            return error
+
     async def _run_lane(self, stream_id: str | None, lane: _Lane) -> None:
         """Run the lane's requests in order; the lane goes away when its queue is empty."""
         try:
@@ -186,8 +203,13 @@ class ResponsesConnection:
                 if isinstance(request, APIError):
                     await self.send(with_lane(request.event(), stream_id))
                     continue
-                async with self._in_flight:
-                    await self._run_turn(request, stream_id)
+                async with self._in_flight:  # a queued frame is parsed only once it may run
+                    if isinstance(request, str | bytes):
+                        request = await self._parsed(request, size)
+                    if isinstance(request, APIError):
+                        await self.send(with_lane(request.event(), stream_id))
+                    else:
+                        await self._run_turn(request, stream_id)
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
