@@ -11,7 +11,7 @@ from json import JSONDecodeError
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from . import json_slices, metrics, tracing
@@ -157,11 +157,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-body, or timed out by the protocol (which answered 408 itself)
+        raise APIError(499, "client_disconnected", "The client went away before sending the whole body.") from None
     return b"".join(chunks)
 
 

@@ -204,6 +204,13 @@ BREAKER = _Labelled(
 ERRORS = _Labelled(
     Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"])
 )
+CLOSED_CONNECTIONS = _Labelled(
+    Counter(
+        "responses_ws_closed_connections",
+        "Connections the server closed on a client: head_timeout, body_timeout, slow_reader (client not reading)",
+        ["transport", "reason"],
+    )
+)
 BYTES_RECEIVED = _Labelled(
     Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"])
 )

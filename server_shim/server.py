@@ -17,6 +17,7 @@ from uvicorn.supervisors import Multiprocess
 from . import metrics, tracing
 from .app import ShimState, create_app
 from .config import ShimConfig
+from .http_protocol import HTTP_PROTOCOL, HttpLimits
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
@@ -43,19 +44,30 @@ WORKER_ENV = "RESPONSES_WS_WORKER_SETUP"
 
 
 class ShimUvicornConfig(uvicorn.Config):
-    """uvicorn's config plus the app's frame limit, which the WebSocket protocol names (picklable for workers)."""
+    """uvicorn's config plus what the shim's protocols read: the app's frame limit (WebSocket) and the HTTP
+    deadlines and connection cap (`http_protocol.py`); picklable for workers, each counting its own."""
 
-    def __init__(self, app: Starlette | str, *, max_frame_bytes: int, **kwargs: object) -> None:
+    def __init__(
+        self, app: Starlette | str, *, max_frame_bytes: int, http_limits: HttpLimits, **kwargs: object
+    ) -> None:
         super().__init__(app, **kwargs)  # type: ignore[arg-type]
         self.max_frame_bytes = max_frame_bytes
+        self.http_limits = http_limits
 
 
 def uvicorn_config(app: Starlette | str, settings: Settings, **kwargs: object) -> uvicorn.Config:
     return ShimUvicornConfig(
         app,
         max_frame_bytes=settings.max_frame_bytes,
+        http_limits=HttpLimits(
+            header_timeout_s=settings.http_header_timeout_s,
+            body_timeout_s=settings.http_body_timeout_s,
+            send_timeout_s=settings.send_timeout_s,
+            max_connections=settings.max_http_connections,
+        ),
         host=settings.host,
         port=settings.port,
+        http=HTTP_PROTOCOL,
         ws=ShimWebSocketProtocol,
         ws_max_size=max(2 * settings.max_frame_bytes, 16 * 1024 * 1024),
         ws_per_message_deflate=False,

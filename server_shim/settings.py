@@ -85,7 +85,21 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=1024, ge=1, description="WebSocket connections per process; 503 beyond")
     max_queued_requests: int = Field(default=64, ge=1, description="queued per connection; reading stops beyond")
     max_queued_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="frame bytes queued per connection")
-    send_timeout_s: float = Field(default=30.0, gt=0, description="a client not reading this long is closed (1008)")
+    send_timeout_s: float = Field(
+        default=30.0, gt=0, description="a client not reading this long is closed (WebSocket 1008; HTTP aborted)"
+    )
+    http_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="an HTTP request head not complete this long after the connection or the "
+        "previous response: 408 and closed",
+    )
+    http_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="an HTTP request body not complete this long after its head: 408 and closed"
+    )
+    max_http_connections: int = Field(
+        default=1024, ge=1, description="open HTTP connections per process (idle kept-alive ones too); 503 beyond"
+    )
     idle_timeout_s: float = Field(default=600.0, gt=0, description="a connection with no frames and nothing in flight")
     tenant_max_concurrent: int = Field(default=0, ge=0, description="responses in flight per tenant (0: no limit)")
     tenant_turns_per_minute: int = Field(

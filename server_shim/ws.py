@@ -351,6 +351,7 @@ class ResponsesConnection:
     def _close_slow_reader(self) -> None:
         """The client has not read for `send_timeout_s`: it holds a slot and a buffer, so it is let go."""
         log.warning("connection %s: client not reading for %.0f s; closing", self.id, self.settings.send_timeout_s)
+        metrics.CLOSED_CONNECTIONS.labels("websocket", "slow_reader").inc()
         self.state = ConnectionState.CLOSED
         self._room.set()
         force_close = self.websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
