@@ -154,9 +154,9 @@ def test_http_connections_beyond_the_cap_get_503_until_one_closes(make_server) -
 
 def test_websocket_connections_do_not_count_against_the_http_cap(make_server) -> None:
     server = make_server(max_http_connections=1)
-    with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
-        with sdk.responses.connect() as first, sdk.responses.connect() as second:
-            for connection in (first, second):
-                connection.response.create(model=MODEL, input="hi", store=False)
-                assert any(event.type == "response.completed" for event in connection)
-            assert sdk.responses.create(model=MODEL, input="hi", store=False).status == "completed"
+    sdk = OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+    with sdk, sdk.responses.connect() as first, sdk.responses.connect() as second:
+        for connection in (first, second):
+            connection.response.create(model=MODEL, input="hi", store=False)
+            assert any(event.type == "response.completed" for event in connection)
+        assert sdk.responses.create(model=MODEL, input="hi", store=False).status == "completed"
