@@ -146,8 +146,32 @@ class BackendError(Exception):
         return APIError(502, "backend_error", message, type="server_error")
 
 
-_REDACTIONS = (
+def _opaque(match: re.Match[str]) -> str:
+    """A long run of token characters with both letters and digits: a key, a token, a hash."""
+    run = match.group()
+    return "<secret>" if any(c.isdigit() for c in run) and any(c.isalpha() for c in run) else run
+
+
+_REDACTIONS: tuple[tuple[re.Pattern[str], Any], ...] = (
     (re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+"), "<url>"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 <secret>"),
+    (
+        re.compile(
+            r"(?i)\b((?:x-)?api[_-]?key|(?:access|auth|refresh)[_-]?token|secret|password|passwd|authorization)"
+            r"""(["']?\s*[:=]\s*["']?)(?!(?:bearer|basic)\s)[^\s"',;}]+"""
+        ),
+        r"\1\2<secret>",
+    ),
+    (
+        re.compile(
+            r"\b(?:(?:sk|pk|rk|csk|gsk|glpat|github_pat|gh[pousr]|xox[abposr])[-_][A-Za-z0-9_-]{3,}"
+            r"|hf_[A-Za-z0-9]{8,}|key-[A-Za-z0-9]{8,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35})"
+        ),
+        "<secret>",
+    ),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]*)?"), "<secret>"),  # a JWT
+    (re.compile(r"\b[0-9a-fA-F]{24,}\b"), "<secret>"),
+    (re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}"), _opaque),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<address>"),
     (
         re.compile(r"\[?(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|[0-9a-fA-F:]*::[0-9a-fA-F:]*)\]?(?::\d+)?"),
@@ -166,7 +190,12 @@ def without_credentials(url: str) -> str:
 
 
 def redact(text: str, limit: int = 300) -> str:
-    """A backend's error text without URLs, IP addresses or file paths, and at most `limit` characters."""
+    """A backend's error text without URLs, credentials (bearer tokens, `sk-...`-like keys, `api_key=...`,
+    long hex or base64 runs), IP addresses or file paths, and at most `limit` characters.
+
+    Only the text's start is looked at (4 x `limit`): the rest is cut anyway, and a redaction pattern
+    never runs over an unbounded body."""
+    text = text[: 4 * limit]
     for pattern, replacement in _REDACTIONS:
         text = pattern.sub(replacement, text)
     text = " ".join(text.split())

@@ -357,7 +357,7 @@ class Turn:
             status="failed",
             output=assembler.output,
             usage=assembler.usage,
-            error={"code": error.code if isinstance(exc, APIError) else "server_error", "message": error.message},
+            error={"code": error.code, "message": error.message, "param": error.param, "type": error.type},
             created_at=self._created_at,
         )
         self.result.response = failed

@@ -19,7 +19,7 @@ from server_shim.backends.base import TextDelta
 from server_shim.backends.sse import bounded_lines
 from server_shim.config import DeploymentConfig, RoutingConfig, ShimConfig
 from server_shim.deadlines import FIRST_TOKEN, TOTAL, Deadlines, within
-from server_shim.errors import BackendError
+from server_shim.errors import BackendError, redact
 
 
 def config(base_url: str, **deployment: float) -> ShimConfig:
@@ -126,6 +126,38 @@ async def test_a_cancellation_from_outside_is_not_a_deadline():
     await asyncio.sleep(0.3)  # the deadline's timer went with the stream: nothing fires later
 
 
+# --- what a backend's error text may tell the client ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("said", "shown"),
+    [
+        ("invalid api key sk-live-SECRET for this org", "invalid api key <secret> for this org"),
+        ("stripe says sk_live_51HabcXYZ", "stripe says <secret>"),
+        ("Authorization: Bearer abc.def-ghi was refused", "Authorization: Bearer <secret> was refused"),
+        ("authorization=Basic dXNlcjpwYXNz", "authorization=Basic <secret>"),
+        ('{"api_key": "hunter2", "x-api-key":"k9"}', '{"api_key": "<secret>", "x-api-key":"<secret>"}'),
+        ("password=p4ss; retry", "password=<secret>; retry"),
+        ("token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.sig", "token <secret>"),
+        ("request 0123456789abcdef0123456789abcdef failed", "request <secret> failed"),
+        ("bad key QmFzZTY0U2VjcmV0S2V5VGhhdElzTG9uZzEyMzQ1Ng== given", "bad key <secret> given"),
+        ("keys AKIAIOSFODNN7EXAMPLE and ghp_abcdefghijklmnopqrstuvwxyz0123456789", "keys <secret> and <secret>"),
+        ("context too long for /srv/models/a.gguf on 10.1.2.3:8080", "context too long for <path> on <address>"),
+        # what a client needs stays: counts, model names, field names, ordinary words
+        ("maximum context length is 8192 tokens, you requested 9000 tokens", None),
+        ("model gpt-4o-mini-2024-07-18 does not support key-value 'logit_bias'", None),
+        ("missing key: 'messages'", None),
+    ],
+)
+def test_a_backend_error_message_is_shown_without_secrets_addresses_or_paths(said, shown):
+    assert redact(said) == (said if shown is None else shown)
+
+
+def test_only_the_start_of_a_long_backend_error_is_read_and_shown():
+    shown = redact("x" * 100_000 + " sk-live-SECRET", limit=50)
+    assert len(shown) == 50 and "SECRET" not in shown
+
+
 # --- the breaker and the errors over a real server -----------------------------------------------
 
 
@@ -142,8 +174,9 @@ async def test_backend_4xx_goes_to_that_client_only_and_never_opens_the_breaker(
             error = turn.error["error"]
             assert error["code"] == "backend_rejected_request" and "status 400" in error["message"]
             assert "context too long" in error["message"], "the backend's reason reaches the client"
-            assert "/srv/models" not in error["message"] and "10.1.2.3" not in error["message"]
-            assert "/srv/models" not in str(turn.response["error"])
+            for leak in ("/srv/models", "10.1.2.3", "SECRET"):
+                assert leak not in error["message"] and leak not in str(turn.response["error"])
+            assert turn.response["error"] == {k: error[k] for k in ("code", "message", "param", "type")}, "agree"
         completed_ok(await run_turn(conn, model=MODEL, input="a fine request", store=False))
     assert LEAKY_ERROR in caplog.text, "the full backend body is logged for the operator"
 

@@ -1,7 +1,7 @@
 """An OpenAI-compatible chat server that misbehaves on purpose: refuses, fails, stalls or trickles.
 
 Each request takes the next queued behaviour (`ok` when none is queued):
-- `http_400` / `http_500`: an error status with a body naming a file path and an address;
+- `http_400` / `http_500`: an error status with a body naming a file path, an address and a key;
 - `stall`: headers, then nothing;
 - `trickle`: headers, then a `: keep-alive` comment line every 0.1 s, never a token;
 - `one_then_stall`: one token, then nothing.
@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "fault-model"
-LEAKY_ERROR = "context too long for /srv/models/secret.gguf on 10.1.2.3:8080"
+LEAKY_ERROR = "context too long for /srv/models/secret.gguf on 10.1.2.3:8080 (key sk-live-SECRET)"
 
 
 def _chunk(content: str | None, finish: str | None = None) -> bytes:

@@ -11,12 +11,12 @@ import importlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import httpx2
 import openai
 import orjson
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseError, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 OPENAI_MAJOR = int(openai.__version__.split(".")[0])
@@ -71,15 +71,30 @@ AGENTS_TOOL = {
 """A namespace of a function and a custom tool, as Codex sends `multi_agent_v1`."""
 
 
+SDK_ERROR_CODES = frozenset(get_args(ResponseError.model_fields["code"].annotation))
+
+
+def sdk_error_code(data: dict[str, Any]) -> dict[str, Any]:
+    """The event with a failed response's `error.code` as one of the SDK's literals.
+
+    A failed response carries the same code as the `error` event after it (README "Errors"), which the
+    SDK's closed `Literal` may not list (`backend_rejected_request`); the SDK reads it (it constructs
+    events without validating). Everything else is still validated strictly."""
+    error = data.get("response", {}).get("error") if isinstance(data.get("response"), dict) else None
+    if not isinstance(error, dict) or error.get("code") in SDK_ERROR_CODES:
+        return data
+    return {**data, "response": {**data["response"], "error": {**error, "code": "server_error"}}}
+
+
 def strict_ws_event(data: dict[str, Any]) -> Any:
     """Validate one WebSocket event against `ResponsesServerEvent`; return the typed model."""
-    model = WS_EVENT.validate_python(data)
+    model = WS_EVENT.validate_python(sdk_error_code(data))
     assert model.type == data["type"]
     return model
 
 
 def strict_sse_event(data: dict[str, Any]) -> Any:
-    model = SSE_EVENT.validate_python(data)
+    model = SSE_EVENT.validate_python(sdk_error_code(data))
     assert model.type == data["type"]
     return model
 
