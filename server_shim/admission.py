@@ -36,15 +36,27 @@ def shutting_down(retry_after_s: float = 1.0) -> Refusal:
     return Refusal(503, "server_shutting_down", "The server is shutting down; retry on another replica.", retry_after_s)
 
 
+def tenant_connection_cap(max_connections: int, configured: int | None, tenants: int) -> int:
+    """WebSocket connections one tenant may hold (0: no limit). Unset, half the server's when keys name two or
+    more tenants, so one tenant's connections (open and idle up to `idle_timeout_s`) leave the other half free;
+    with one tenant, or none, the server-wide cap is the only one."""
+    if configured is not None:
+        return configured
+    return max(1, max_connections // 2) if tenants > 1 else 0
+
+
 @dataclass
 class ConnectionGate:
-    """Server-wide admission of new WebSocket connections and HTTP requests."""
+    """Server-wide admission of new WebSocket connections and HTTP requests, and each tenant's share of the
+    connections (`tenant_max_connections`, 0: no limit)."""
 
     max_connections: int
+    tenant_max_connections: int = 0
     draining: bool = False
     open_connections: int = 0
+    _tenants: dict[str | None, int] = field(default_factory=dict)
 
-    def admit_connection(self) -> Refusal | None:
+    def admit_connection(self, tenant: str | None = None) -> Refusal | None:
         if self.draining:
             return shutting_down()
         if self.open_connections >= self.max_connections:
@@ -54,11 +66,24 @@ class ConnectionGate:
                 f"The server holds its maximum of {self.max_connections} WebSocket connections; retry shortly.",
                 1.0,
             )
+        held = self._tenants.get(tenant, 0)
+        if self.tenant_max_connections and held >= self.tenant_max_connections:
+            return Refusal(
+                503,
+                "tenant_connection_limit_reached",
+                f"This API key holds its maximum of {self.tenant_max_connections} WebSocket connections; "
+                "close one or retry shortly.",
+                1.0,
+            )
         self.open_connections += 1
+        self._tenants[tenant] = held + 1
         return None
 
-    def connection_closed(self) -> None:
+    def connection_closed(self, tenant: str | None = None) -> None:
         self.open_connections -= 1
+        held = self._tenants.pop(tenant, 0) - 1
+        if held > 0:
+            self._tenants[tenant] = held
 
     def admit_request(self) -> Refusal | None:
         return shutting_down() if self.draining else None

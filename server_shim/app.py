@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from . import chat_http, extensions, http, metrics, resources
-from .admission import ConnectionGate, TenantLimiter
+from .admission import ConnectionGate, TenantLimiter, tenant_connection_cap
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .check_config import checks_by_model
 from .checks import Check
@@ -34,7 +34,7 @@ from .router import build_router
 from .safety import Classifier, Validator
 from .settings import Settings
 from .state import MemoryResponseStore, ResponseStore
-from .tenants import ApiKey, load_keys
+from .tenants import ApiKey, load_keys, scope_tenant
 from .tokens import counters_by_model
 from .trim import Count, Counts, Trimmer
 from .turn import Turn
@@ -140,22 +140,28 @@ def create_app(
         env.hosted_policy = backend.hosted_policy
     if isinstance(backend, ContextWindows):
         env.context_window = backend.context_window
+    keys = load_keys(settings.api_keys, settings.api_keys_file)
+    tenants = len({key.tenant for key in keys})
     shim = ShimState(
         settings,
         env,
-        gate=ConnectionGate(settings.max_connections),
+        gate=ConnectionGate(
+            settings.max_connections,
+            tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants),
+        ),
         limiter=TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute),
     )
 
     async def websocket_endpoint(websocket: WebSocket) -> None:
-        refusal = shim.gate.admit_connection()
+        tenant = scope_tenant(websocket.scope)
+        refusal = shim.gate.admit_connection(tenant)
         if refusal is not None:
             await websocket.send_denial_response(http.error_response(refusal.api_error()))
             return
         try:
             await _serve_connection(websocket)
         finally:
-            shim.gate.connection_closed()
+            shim.gate.connection_closed(tenant)
             shim.trimmer.maybe_trim()
 
     async def _serve_connection(websocket: WebSocket) -> None:
@@ -205,7 +211,6 @@ def create_app(
     errors = {404: resources.http_error, 405: resources.http_error}
     app = ShimApp(routes=routes, lifespan=lifespan, exception_handlers=errors)
     app.state.shim = shim
-    keys = load_keys(settings.api_keys, settings.api_keys_file)
     if keys:
         app.add_middleware(BearerAuth, keys=keys)
     return app

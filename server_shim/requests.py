@@ -98,6 +98,7 @@ class CreateRequest(BaseModel):
 def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits = DEFAULT_LIMITS) -> CreateRequest:
     """Validate a request body against the limits and the schema; errors carry the offending parameter."""
     fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
+    check_metadata(fields.get("metadata"))
     check_body(fields, limits)
     try:
         request = CreateRequest.model_validate(fields)
@@ -125,6 +126,40 @@ def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits
     if request.stream_id is not None and not websocket:
         raise invalid("unsupported_parameter", "'stream_id' is only valid over WebSocket.", "stream_id")
     return request
+
+
+METADATA_MAX_PAIRS = 16
+METADATA_MAX_KEY = 64
+METADATA_MAX_VALUE = 512
+
+
+def check_metadata(metadata: Any) -> None:
+    """OpenAI's limits on `metadata` (16 pairs, keys up to 64 characters, values up to 512), checked before
+    anything walks it: each response echoes it (stored, cached, sent), so 150,000 keys were held three times."""
+    if not isinstance(metadata, dict):
+        return  # None, or a wrong type that validation names
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise invalid(
+            "invalid_value",
+            f"Invalid 'metadata': too many properties. Expected an object with at most {METADATA_MAX_PAIRS} "
+            f"properties, but got an object with {len(metadata)} properties instead.",
+            "metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY:
+            raise invalid(
+                "invalid_value",
+                f"Invalid 'metadata': key {key[:METADATA_MAX_KEY]!r}... is {len(key)} characters long; "
+                f"keys may have at most {METADATA_MAX_KEY}.",
+                "metadata",
+            )
+        if isinstance(value, str) and len(value) > METADATA_MAX_VALUE:
+            raise invalid(
+                "invalid_value",
+                f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
+                f"{METADATA_MAX_VALUE}, but got a string with length {len(value)} instead.",
+                f"metadata.{key}",
+            )
 
 
 def check_stream_id(value: Any) -> str | None:

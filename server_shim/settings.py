@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(default=16, ge=1)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     max_connections: int = Field(default=1024, ge=1, description="WebSocket connections per process; 503 beyond")
+    tenant_max_connections: int | None = Field(
+        default=None,
+        ge=0,
+        description="WebSocket connections per tenant, 503 beyond (0: no limit); unset: half of max_connections "
+        "when the keys name two or more tenants, else no limit",
+    )
     max_queued_requests: int = Field(default=64, ge=1, description="queued per connection; reading stops beyond")
     max_queued_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="frame bytes queued per connection")
     send_timeout_s: float = Field(
