@@ -219,19 +219,35 @@ async def test_timers_cancelled_by_closed_connections_are_purged_from_asyncio_at
     sooner.cancel()
 
 
+@contextlib.contextmanager
+def no_thread_switch() -> Iterator[None]:
+    """Other threads (servers of earlier tests) do not run meanwhile: asyncio's free list is per process."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
 async def test_the_future_iterators_asyncio_reuses_are_renewed_and_the_old_ones_given_back():
     loop = asyncio.get_running_loop()
     future = loop.create_future()
-    old = [future.__await__() for _ in range(FUTURE_ITERATORS)]
-    assert type(old[0]).__name__ == "FutureIter"  # asyncio's C module, which keeps freed ones for reuse
-    old_blocks = {id(it) for it in old}
-    del old  # into the module's free list
-    reused = [future.__await__() for _ in range(FUTURE_ITERATORS)]
-    assert len(old_blocks & {id(it) for it in reused}) >= FUTURE_ITERATORS - 1
-    del reused
-    renew_future_iterators(loop)
-    taken = [future.__await__() for _ in range(FUTURE_ITERATORS - 1)]
-    assert not old_blocks & {id(it) for it in taken}
+    kept = FUTURE_ITERATORS - 1  # what asyncio's free list holds when full
+
+    def take(count: int) -> list[object]:
+        return [future.__await__() for _ in range(count)]
+
+    gc.collect()  # garbage holding future iterators would free them into the list meanwhile
+    with no_thread_switch(), collector_off():
+        assert type(future.__await__()).__name__ == "FutureIter"  # asyncio's C module, which keeps freed ones
+        del take(3 * kept)[:]  # the list is full now
+        listed = take(kept)  # all from the list
+        old_blocks = {id(it) for it in listed}
+        del listed
+        assert {id(it) for it in take(kept)} == old_blocks  # freed into the list, reused from it
+        renew_future_iterators(loop)
+        assert not old_blocks & {id(it) for it in take(kept)}
 
 
 def test_the_attribute_cache_lets_go_of_the_names_it_holds_when_cleared():
