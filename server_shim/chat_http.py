@@ -50,7 +50,8 @@ async def create_chat_completion(request: Request) -> Response:
         return error_response(refusal.api_error())
     try:
         raw = await read_body(request, shim.settings.max_body_bytes)
-        chat = parse_chat(await json_body(raw, shim), shim.env.limits)
+        body, _ = await json_body(raw, shim)  # the chat fields nest deeper as items: their depth is walked
+        chat = parse_chat(body, shim.env.limits)
     except APIError as error:
         return error_response(error)
     turns = [_turn(chat, shim, request, index) for index in range(chat.choices)]

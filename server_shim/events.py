@@ -329,7 +329,6 @@ def echoed_fields(request: Any) -> dict[str, Any]:
             fields[nested] = {**ECHO_DEFAULTS[nested], **given[nested]}
     if fields["service_tier"] == "auto":
         fields["service_tier"] = "default"
-    fields.pop("metadata", None)
     return fields
 
 

@@ -18,6 +18,8 @@ from . import json_slices, metrics, tracing
 from .backends.base import ReportsStatus
 from .errors import APIError, internal_error, invalid
 from .items import Item
+from .json_shape import Shape, TooManyValues
+from .limits import RequestLimits, too_many_values
 from .requests import parse_create
 from .tenants import scope_tenant
 from .turn import Turn
@@ -49,11 +51,11 @@ async def create_response(request: Request) -> Response:
     if refusal is not None:
         return error_response(refusal.api_error())
     try:
-        body = await json_body(await read_body(request, shim.settings.max_body_bytes), shim)
+        body, shape = await json_body(await read_body(request, shim.settings.max_body_bytes), shim)
     except APIError as error:
         return error_response(error)
     try:
-        create = parse_create(body, websocket=False, limits=shim.env.limits)
+        create = parse_create(body, websocket=False, limits=shim.env.limits, depth=shape.depth)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
         turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope))
@@ -73,22 +75,27 @@ async def create_response(request: Request) -> Response:
     return outcome if isinstance(outcome, Response) else json_response(outcome[0])
 
 
-async def json_body(raw: bytes, shim: ShimState) -> dict[str, Any]:
-    """The request body as a JSON object (counted as received), or a 400 saying what it is instead."""
+async def json_body(raw: bytes, shim: ShimState) -> tuple[dict[str, Any], Shape]:
+    """The request body as a JSON object (counted as received) and its shape, or a 400 saying what it is instead."""
     shim.stats.bytes_received += len(raw)
     metrics.BYTES_RECEIVED.labels("http").inc(len(raw))
-    return await decode_body(raw, shim.settings.sliced_parse_bytes)
+    return await decode_body(raw, shim.settings.sliced_parse_bytes, shim.env.limits)
 
 
-async def decode_body(raw: bytes, slice_from: int) -> dict[str, Any]:
-    """The body as a JSON object, parsed in slices that let other requests run when it is large."""
+async def decode_body(raw: bytes, slice_from: int, limits: RequestLimits) -> tuple[dict[str, Any], Shape]:
+    """The body as a JSON object and its shape: its values counted first (more than `max_json_values`:
+    refused unparsed), parsed in slices that let other requests run when it is large."""
     try:
-        body = await json_slices.load(raw, len(raw), slice_from)
+        body, shape = await json_slices.load_measured(
+            raw, len(raw), slice_from, limits.max_json_values, limits.max_json_depth
+        )
+    except TooManyValues:
+        raise too_many_values(limits.max_json_values) from None
     except JSONDecodeError as exc:
         raise invalid("invalid_json", f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise invalid("invalid_type", "The request body must be a JSON object.")
-    return body
+    return body, shape
 
 
 async def complete_turns(

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from .json_shape import Shape, measure_steps
 from .json_walk import Walk
 
 WINDOW = 32 * 1024
@@ -56,6 +57,23 @@ async def load(data: str | bytes, nbytes: int, threshold: int) -> Any:
         except StopIteration as done:
             return done.value
         await asyncio.sleep(0)
+
+
+async def load_measured(
+    data: str | bytes, nbytes: int, threshold: int, max_values: int, max_depth: int
+) -> tuple[Any, Shape]:
+    """`load`, after the text is measured (`json_shape`): a document of more than `max_values` values raises
+    `json_shape.TooManyValues` before it is parsed. A large one is measured in slices too."""
+    steps, large = measure_steps(data, max_values, max_depth), parse_in_slices(nbytes, threshold)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            shape: Shape = done.value
+            break
+        if large:
+            await asyncio.sleep(0)
+    return await load(data, nbytes, threshold), shape
 
 
 DISPOSE_CHUNK = 2_000

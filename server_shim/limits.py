@@ -27,6 +27,7 @@ class RequestLimits:
     """The per-request bounds (defaults as in `Settings`)."""
 
     max_json_depth: int = _default("max_json_depth")
+    max_json_values: int = _default("max_json_values")
     max_input_items: int = _default("max_input_items")
     max_item_references: int = _default("max_item_references")
     max_reference_bytes: int = _default("max_reference_bytes")
@@ -56,10 +57,15 @@ def is_large(items: int = 0, nbytes: int = 0) -> bool:
     return items >= LARGE_ITEMS or nbytes >= LARGE_FRAME_BYTES
 
 
-def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
+TOOL_SCHEMA_LEVEL = 3
+"""How deep a tool's `parameters` sits in a request: the body, `tools`, the tool."""
+
+
+def check_body(body: dict[str, Any], limits: RequestLimits, depth: int | None = None) -> None:
     """Refuse a decoded request body that crosses a limit; the error names the field.
 
-    Counts first (cheap), then the nesting walk (it visits every container once).
+    Counts first (cheap), then the nesting walks (each visits every container once), unless the whole
+    document's `depth` (`json_shape`, read from its text) already shows that nothing nests too deep.
     """
     items = body.get("input")
     if isinstance(items, list) and len(items) > limits.max_input_items:
@@ -67,17 +73,28 @@ def check_body(body: dict[str, Any], limits: RequestLimits) -> None:
     tools = body.get("tools")
     if isinstance(tools, list) and tool_count(tools) > limits.max_tools:
         raise _too_many_tools(tool_count(tools), limits)
-    for key, value in body.items():
-        if deeper_than(value, limits.max_json_depth - 1):
-            raise invalid(
-                "invalid_value",
-                f"Invalid value for '{key}': JSON nested deeper than {limits.max_json_depth} levels.",
-                key,
-            )
+    if depth is None or depth > limits.max_json_depth:
+        for key, value in body.items():
+            if deeper_than(value, limits.max_json_depth - 1):
+                raise invalid(
+                    "invalid_value",
+                    f"Invalid value for '{key}': JSON nested deeper than {limits.max_json_depth} levels.",
+                    key,
+                )
     if isinstance(items, list):
         _check_references(items, limits)
-    if isinstance(tools, list):
+    if isinstance(tools, list) and (depth is None or depth - TOOL_SCHEMA_LEVEL > limits.max_tool_schema_depth):
         _check_tool_schemas(tools, limits)
+
+
+def too_many_values(limit: int) -> APIError:
+    """A frame or body holding more JSON values than `max_json_values`: refused from its text, unparsed."""
+    return APIError(
+        400,
+        "too_many_json_values",
+        f"The request holds more than {limit} JSON values (strings, numbers, arrays, objects...); "
+        f"at most {limit} are allowed.",
+    )
 
 
 def check_expanded_items(items: list[Any], limits: RequestLimits) -> None:

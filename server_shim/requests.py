@@ -95,11 +95,16 @@ class CreateRequest(BaseModel):
         return self.store is not False
 
 
-def parse_create(body: dict[str, Any], *, websocket: bool, limits: RequestLimits = DEFAULT_LIMITS) -> CreateRequest:
-    """Validate a request body against the limits and the schema; errors carry the offending parameter."""
+def parse_create(
+    body: dict[str, Any], *, websocket: bool, limits: RequestLimits = DEFAULT_LIMITS, depth: int | None = None
+) -> CreateRequest:
+    """Validate a request body against the limits and the schema; errors carry the offending parameter.
+
+    `depth`: the document's nesting depth when its text was measured (`json_shape`), sparing the walks.
+    """
     fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
     check_metadata(fields.get("metadata"))
-    check_body(fields, limits)
+    check_body(fields, limits, depth)
     try:
         request = CreateRequest.model_validate(fields)
     except ValidationError as exc:

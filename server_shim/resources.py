@@ -109,15 +109,15 @@ async def _prepared(request: Request) -> Turn | APIError:
     """A turn prepared from the body (validated, history resolved, rendered) that never runs."""
     shim: ShimState = request.app.state.shim
     try:
-        body = await decode_body(
-            await read_body(request, shim.settings.max_body_bytes), shim.settings.sliced_parse_bytes
+        body, shape = await decode_body(
+            await read_body(request, shim.settings.max_body_bytes), shim.settings.sliced_parse_bytes, shim.env.limits
         )
     except APIError as error:
         return error
     body.setdefault("model", shim.settings.default_model)
     try:
         turn = Turn(
-            parse_create(body, websocket=False, limits=shim.env.limits),
+            parse_create(body, websocket=False, limits=shim.env.limits, depth=shape.depth),
             shim.env,
             cache=None,
             tenant=scope_tenant(request.scope),

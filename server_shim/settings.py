@@ -72,6 +72,11 @@ class Settings(BaseSettings):
         description="nesting of any request value (at most 200: orjson encodes ~254 levels, and events, states and "
         "the store wrap request values a few levels deeper)",
     )
+    max_json_values: int = Field(
+        default=100_000,
+        ge=1,
+        description="JSON values (scalars, arrays, objects) one frame or request body may hold, counted before parsing",
+    )
     max_input_items: int = 5_000
     max_item_references: int = 256
     max_reference_bytes: int = 4 * 1024 * 1024

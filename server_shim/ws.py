@@ -147,13 +147,15 @@ class ResponsesConnection:
         stream_id, body = None, None
         request: CreateRequest | APIError | str | bytes
         try:
-            body = await read_frame(data, size, self.settings.sliced_parse_bytes)
+            body, shape = await read_frame(data, size, self.settings.sliced_parse_bytes, self.shim.env.limits)
             if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
                 await self.send(self.steering.submit(body))
                 return
             stream_id = check_stream_id(body.get("stream_id"))
             request = (
-                data if self._waits(stream_id) else parse_create(body, websocket=True, limits=self.shim.env.limits)
+                data
+                if self._waits(stream_id)
+                else parse_create(body, websocket=True, limits=self.shim.env.limits, depth=shape.depth)
             )
         except APIError as error:
             request = error  # refused in lane order, after the requests queued before it
@@ -189,8 +191,8 @@ class ResponsesConnection:
     async def _parsed(self, frame: str | bytes, size: int) -> CreateRequest | APIError:
         """A queued frame read again when its turn comes (its JSON and type were checked on arrival)."""
         try:
-            body = await read_frame(frame, size, self.settings.sliced_parse_bytes)
-            return parse_create(body, websocket=True, limits=self.shim.env.limits)
+            body, shape = await read_frame(frame, size, self.settings.sliced_parse_bytes, self.shim.env.limits)
+            return parse_create(body, websocket=True, limits=self.shim.env.limits, depth=shape.depth)
         except APIError as error:
             return error
 

@@ -13,6 +13,8 @@ import orjson
 
 from . import json_slices, metrics
 from .errors import APIError, invalid
+from .json_shape import Shape, TooManyValues
+from .limits import DEFAULT_LIMITS, RequestLimits, too_many_values
 from .requests import check_stream_id
 
 log = logging.getLogger(__name__)
@@ -32,13 +34,20 @@ def decode_frame(data: str | bytes) -> dict[str, Any]:
     return _event(body)
 
 
-async def read_frame(data: str | bytes, nbytes: int, slice_from: int) -> dict[str, Any]:
-    """`decode_frame`, parsed in slices that let other connections run when the frame is large."""
+async def read_frame(
+    data: str | bytes, nbytes: int, slice_from: int, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], Shape]:
+    """`decode_frame` and the frame's shape: its values counted first (more than `max_json_values`:
+    refused unparsed), parsed in slices that let other connections run when the frame is large."""
     try:
-        body = await json_slices.load(data, nbytes, slice_from)
+        body, shape = await json_slices.load_measured(
+            data, nbytes, slice_from, limits.max_json_values, limits.max_json_depth
+        )
+    except TooManyValues:
+        raise too_many_values(limits.max_json_values) from None
     except JSONDecodeError as exc:
         raise _not_json(exc) from None
-    return _event(body)
+    return _event(body), shape
 
 
 def _not_json(exc: JSONDecodeError) -> APIError:

@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, completed_ok, recv_event, run_turn, send_raw, user
 
 from server_shim.backends import SimulatedBackend
-from server_shim.limits import LARGE_FRAME_BYTES, LARGE_ITEMS, is_large
+from server_shim.limits import LARGE_FRAME_BYTES, LARGE_ITEMS, RequestLimits, is_large
 from server_shim.requests import CreateRequest
 from server_shim.state import MemoryResponseStore
 from server_shim.turn import Turn, TurnEnv
@@ -62,14 +62,18 @@ async def test_a_large_turn_lets_other_tasks_run_between_its_passes_over_the_ite
     assert large >= small + 3, (small, large)
 
 
+MANY_VALUES = RequestLimits(max_json_values=1_000_000)
+"""Frames of 60,000 items hold ~240,000 values: past `max_json_values`, refused before they are parsed."""
+
+
 def _items_frame(count: int) -> bytes:
     items = [{"type": "message", "role": "user", "content": f"item {n}"} for n in range(count)]
     return orjson.dumps({"type": "response.create", "model": MODEL, "input": items, "store": False})
 
 
 async def _yields_while_reading(frame: bytes, slice_from: int) -> int:
-    ticks, body = await _ticks_beside(read_frame(frame, len(frame), slice_from))
-    assert body == orjson.loads(frame)
+    ticks, (body, shape) = await _ticks_beside(read_frame(frame, len(frame), slice_from, MANY_VALUES))
+    assert body == orjson.loads(frame) and shape.depth == 3
     return int(ticks)
 
 
@@ -82,7 +86,7 @@ async def test_a_large_frame_is_parsed_in_slices_that_let_other_tasks_run():
 async def test_large_frames_refused_or_malformed_leave_the_connection_chaining(make_server):
     """The sliced parse over a real connection: a 60,000-item frame gets `too_many_input_items`, the same
     frame cut short `invalid_json`, one with NaN `invalid_json`; the conversation then continues."""
-    server = make_server()
+    server = make_server(max_json_values=MANY_VALUES.max_json_values)
     big = _items_frame(60_000)
     async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
         first = await run_turn(conn, input="remember", store=False)
