@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 from . import chat_http, extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter, tenant_connection_cap
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
+from .browsers import BrowserGuard
 from .check_config import checks_by_model
 from .checks import Check
 from .compaction import compaction_key
@@ -210,9 +211,11 @@ def create_app(
     ]
     errors = {404: resources.http_error, 405: resources.http_error}
     app = ShimApp(routes=routes, lifespan=lifespan, exception_handlers=errors)
+    app.browser_guard = BrowserGuard.build(settings.host, settings.allowed_origins, settings.allowed_hosts)
     app.state.shim = shim
-    if keys:
-        app.add_middleware(BearerAuth, keys=keys)
+    metrics_key = None if settings.metrics_open else settings.metrics_key
+    if keys or metrics_key:
+        app.add_middleware(BearerAuth, keys=keys, metrics_key=metrics_key, metrics_open=settings.metrics_open)
     return app
 
 
@@ -257,54 +260,90 @@ PROBE_DETAILS = "probe_details"
 
 
 class BearerAuth:
-    """Require `Authorization: Bearer <key>` on every route but the probes and `/metrics`; 401 at the upgrade.
+    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade.
 
-    The key's tenant goes into the scope's state (`tenants.scope_tenant`) for the routes.
+    The key's tenant goes into the scope's state (`tenants.scope_tenant`) for the routes. `/metrics`
+    names deployments and counts, so it takes any API key or the `metrics_key` (the one a scraper
+    holds, which opens nothing else), unless `metrics_open`. Without API keys only `/metrics` is guarded
+    (when a `metrics_key` is set).
     """
 
-    OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+    PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+    METRICS_PATH = "/metrics"
 
-    def __init__(self, app: ASGIApp, keys: Sequence[ApiKey]) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: Sequence[ApiKey], metrics_key: str | None = None, metrics_open: bool = False
+    ) -> None:
         self.app = app
         self.keys = [(key.key.encode(), key.tenant) for key in keys]
+        self.metrics_key = metrics_key.encode() if metrics_key else None
+        self.metrics_open = metrics_open
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if scope["path"] in self.OPEN_PATHS:  # open, but their details only for a valid key
+        path = scope["path"]
+        if path in self.PROBE_PATHS:  # open, but their details only for a valid key
             scope.setdefault("state", {})[PROBE_DETAILS] = self._tenant(scope) is not None
             await self.app(scope, receive, send)
             return
-        tenant = self._tenant(scope)
-        if tenant is not None:
-            scope.setdefault("state", {})["tenant"] = tenant
+        if path == self.METRICS_PATH:
+            if self.metrics_open or self._metrics_allowed(scope):
+                await self.app(scope, receive, send)
+                return
+        elif not self.keys:
             await self.app(scope, receive, send)
             return
-        denial = http.error_response(
-            APIError(
-                401,
-                "invalid_api_key",
-                "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
-                type="authentication_error",
-            )
-        )
-        if scope["type"] == "http":
-            await denial(scope, receive, send)
         else:
-            await WebSocket(scope, receive, send).send_denial_response(denial)
+            tenant = self._tenant(scope)
+            if tenant is not None:
+                scope.setdefault("state", {})["tenant"] = tenant
+                await self.app(scope, receive, send)
+                return
+        error = APIError(
+            401,
+            "invalid_api_key",
+            "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+        )
+        await deny(scope, receive, send, error)
+
+    def _metrics_allowed(self, scope: Scope) -> bool:
+        if self._tenant(scope) is not None:
+            return True
+        presented = _bearer(scope)
+        return (
+            self.metrics_key is not None and presented is not None and hmac.compare_digest(presented, self.metrics_key)
+        )
 
     def _tenant(self, scope: Scope) -> str | None:
         """The tenant of the presented key; every key is compared (in constant time) so timing tells nothing."""
-        for name, value in scope["headers"]:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                presented = value[7:].strip()
-                found = None
-                for key, tenant in self.keys:
-                    if hmac.compare_digest(presented, key):
-                        found = tenant
-                return found
-        return None
+        presented = _bearer(scope)
+        if presented is None:
+            return None
+        found = None
+        for key, tenant in self.keys:
+            if hmac.compare_digest(presented, key):
+                found = tenant
+        return found
+
+
+def _bearer(scope: Scope) -> bytes | None:
+    """The key of the request's `Authorization: Bearer <key>` header, if it has one."""
+    for name, value in scope["headers"]:
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            return bytes(value[7:].strip())
+    return None
+
+
+async def deny(scope: Scope, receive: Receive, send: Send, error: APIError) -> None:
+    """Answer an HTTP request, or refuse a WebSocket upgrade, with `error`'s status and JSON body."""
+    denial = http.error_response(error)
+    if scope["type"] == "http":
+        await denial(scope, receive, send)
+    else:
+        await WebSocket(scope, receive, send).send_denial_response(denial)
 
 
 class ShimApp(Starlette):
@@ -317,8 +356,15 @@ class ShimApp(Starlette):
     """
 
     OWN_MIDDLEWARE = frozenset({BearerAuth})
+    browser_guard = BrowserGuard(frozenset(), frozenset(), loopback_only=False)
+    """Refuses what a web page made a browser send (`browsers.py`), before auth and routing."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            refusal = self.browser_guard.refusal(scope.get("method", "GET"), scope["headers"])
+            if refusal is not None:
+                await deny(scope, receive, send, refusal)
+                return
         if scope["type"] == "websocket":
             extension = scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
             if extension is not None and not self._sends_unwrapped(extension, send):

@@ -52,6 +52,26 @@ class Settings(BaseSettings):
     api_keys_file: str | None = Field(
         default=None, description="File of keys, one 'KEY' or 'TENANT KEY' a line ('#' comments), read at start-up."
     )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="web origins (scheme://host[:port]) whose browser pages may call the server, '*' for any; a "
+        "request with another Origin header gets 403 origin_not_allowed",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header names answered besides loopback ones ('*': any); bound to loopback, any other gets "
+        "403 host_not_allowed (DNS rebinding)",
+    )
+    metrics_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="a key that opens /metrics only (a Prometheus scraper's bearer token); /metrics also takes any API key",
+    )
+    metrics_open: bool = Field(
+        default=False,
+        description="serve /metrics without a key even when keys are configured (a scraper on a private network: "
+        "it shows deployment names and counts)",
+    )
     default_model: str = "simulated-1"
     compaction_secret: str | None = Field(
         default=None,
@@ -165,7 +185,7 @@ class Settings(BaseSettings):
             raise ValueError("store must be 'memory' or a redis://, rediss:// or unix:// URL")
         return value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "allowed_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         return split_list(value)

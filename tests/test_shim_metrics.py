@@ -10,6 +10,7 @@ import json
 import logging
 
 import httpx2
+import openai
 import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(server) -> Samples:
-    reply = httpx2.get(server.base_url.removesuffix("/v1") + "/metrics")
+    reply = httpx2.get(server.base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -76,11 +77,36 @@ async def test_turns_stages_tokens_cache_and_errors_are_counted_once_per_turn(ma
     assert after[("responses_ws_deployment_breaker_state", (("deployment", "simulated"),))] == 0
 
 
-async def test_metrics_need_no_key_and_show_no_secret(make_server):
-    server = make_server(api_keys=["sk-secret-123"])
-    reply = httpx2.get(server.base_url.removesuffix("/v1") + "/metrics")
+def metrics_status(server, key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx2.get(server.base_url.removesuffix("/v1") + "/metrics", headers=headers).status_code
+
+
+async def test_metrics_need_a_key_when_keys_are_configured_and_show_no_secret(make_server):
+    """/metrics names deployments (which /readyz hides from callers without a key): any API key or the
+    scraper's metrics key opens it; the metrics key opens nothing else."""
+    server = make_server(api_keys=["sk-secret-123"], metrics_key="sk-scraper")
+    assert metrics_status(server) == 401
+    assert metrics_status(server, "sk-wrong") == 401
+    assert metrics_status(server, "sk-scraper") == 200
+    reply = httpx2.get(
+        server.base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": "Bearer sk-secret-123"}
+    )
     assert reply.status_code == 200
-    assert "sk-secret-123" not in reply.text
+    assert "sk-secret-123" not in reply.text and "sk-scraper" not in reply.text
+    async with AsyncOpenAI(base_url=server.base_url, api_key="sk-scraper", max_retries=0) as sdk:
+        with pytest.raises(openai.AuthenticationError):
+            await sdk.responses.create(model=MODEL, input="hi", store=False)
+
+
+async def test_metrics_open_for_a_private_scraper_and_without_keys(make_server):
+    assert metrics_status(make_server(api_keys=["sk-secret-123"], metrics_open=True)) == 200
+    assert metrics_status(make_server()) == 200  # auth off: as every route
+    only_metrics = make_server(metrics_key="sk-scraper")  # no API keys: the API stays open, /metrics does not
+    assert metrics_status(only_metrics) == 401
+    assert metrics_status(only_metrics, "sk-scraper") == 200
+    async with AsyncOpenAI(base_url=only_metrics.base_url, api_key="anything", max_retries=0) as sdk:
+        assert (await sdk.responses.create(model=MODEL, input="hi", store=False)).status == "completed"
 
 
 async def test_one_info_line_per_finished_response_with_its_facts_and_no_key(make_server, caplog):
