@@ -50,7 +50,9 @@ class Settings(BaseSettings):
         "list or entries separated by commas or newlines.",
     )
     api_keys_file: str | None = Field(
-        default=None, description="File of keys, one 'KEY' or 'TENANT KEY' a line ('#' comments), read at start-up."
+        default=None,
+        description="File of keys, one 'KEY' or 'TENANT KEY' a line (whole-line '#' comments), read at start-up; "
+        "a line that is anything else stops start-up",
     )
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

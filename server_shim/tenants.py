@@ -32,26 +32,59 @@ def anonymous_tenant_id(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+BEARER_KEY = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+"""What a bearer token can hold (RFC 6750's `b64token`): a key with any other character could not be sent
+as one, so a key holding one is a mistake (a comment or list that was not meant to be part of it)."""
+
+MIN_FILE_KEY_CHARS = 8
+"""A shorter entry in a keys file is more likely a stray word or a tenant name without its key."""
+
+
 def parse_key_entry(entry: str) -> ApiKey:
-    """`KEY` or `TENANT KEY` (keys never contain whitespace); raises ValueError on anything else."""
+    """`KEY` or `TENANT KEY` (keys never contain whitespace); raises ValueError on anything else.
+
+    The message never holds the key: it ends up in logs and on the terminal."""
     parts = entry.split()
     if len(parts) == 1:
-        return ApiKey(parts[0], anonymous_tenant_id(parts[0]))
-    if len(parts) == 2 and TENANT_NAME.fullmatch(parts[0]):
-        return ApiKey(parts[1], parts[0])
-    raise ValueError(
-        "an API key entry is 'KEY' or 'TENANT KEY' with a tenant name of letters, digits and '_.@-' (got "
-        f"{len(parts)} field(s))"
-    )
+        key, tenant = parts[0], None
+    elif len(parts) == 2 and TENANT_NAME.fullmatch(parts[0]):
+        tenant, key = parts
+    else:
+        hint = " ('#' starts a comment only at the beginning of a line)" if "#" in entry else ""
+        raise ValueError(
+            "an API key entry is 'KEY' or 'TENANT KEY' with a tenant name of letters, digits and '_.@-' (got "
+            f"{len(parts)} field(s)){hint}"
+        )
+    if not BEARER_KEY.fullmatch(key):
+        odd = "".join(sorted({c for c in key if not BEARER_KEY.fullmatch(c)} - {"="}))
+        raise ValueError(
+            f"an API key holds {odd or '='!r}: a bearer token holds only letters, digits and '-._~+/' (and '=' "
+            "at its end), so no client could send this key"
+        )
+    return ApiKey(key, tenant or anonymous_tenant_id(key))
 
 
-def parse_key_lines(text: str) -> list[ApiKey]:
-    """Entries one per line (or separated by commas); blank lines and `#` comments are skipped."""
+def parse_key_lines(text: str, source: str = "the keys file") -> list[ApiKey]:
+    """A keys file: one `KEY` or `TENANT KEY` a line; blank lines and lines starting with `#` are skipped.
+
+    Nothing else is taken apart (no commas, no comment after an entry): a line that is not exactly one
+    entry, or whose key is shorter than `MIN_FILE_KEY_CHARS`, is refused with its line number, so a
+    mistyped file stops start-up instead of quietly accepting a different key."""
     keys = []
-    for line in text.replace(",", "\n").splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            keys.append(parse_key_entry(entry))
+    for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        try:
+            key = parse_key_entry(entry)
+            if len(key.key) < MIN_FILE_KEY_CHARS:
+                raise ValueError(
+                    f"the key has {len(key.key)} characters, fewer than {MIN_FILE_KEY_CHARS}: a tenant name "
+                    "without its key, or a stray word?"
+                )
+        except ValueError as exc:
+            raise ValueError(f"{source}, line {number}: {exc}") from None
+        keys.append(key)
     return keys
 
 
@@ -59,7 +92,7 @@ def load_keys(entries: Iterable[str], keys_file: str | Path | None) -> list[ApiK
     """Every configured key: the settings' entries, then the file's; one key may not name two tenants."""
     keys = [parse_key_entry(entry) for entry in entries]
     if keys_file is not None:
-        keys.extend(parse_key_lines(Path(keys_file).read_text()))
+        keys.extend(parse_key_lines(Path(keys_file).read_text(encoding="utf-8"), str(keys_file)))
     tenants: dict[str, str] = {}
     for key in keys:
         if tenants.setdefault(key.key, key.tenant) != key.tenant:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import openai
 import pytest
 from openai import AsyncOpenAI
@@ -30,12 +34,55 @@ def test_an_unnamed_tenant_id_is_stable_and_never_contains_the_key():
     assert "sk-1" not in anonymous_tenant_id("sk-1")
 
 
-def test_a_keys_file_skips_comments_and_blank_lines(tmp_path):
+def test_a_keys_file_skips_whole_line_comments_and_blank_lines(tmp_path):
     path = tmp_path / "keys"
-    path.write_text(f"# team keys\nalice {ALICE_KEY}\n\n{UNNAMED_KEY}  # ci\n")
+    path.write_text(f"\ufeff# team keys\nalice {ALICE_KEY}\r\n\n   # ci below\n{UNNAMED_KEY}\n")
     keys = load_keys(["bob " + BOB_KEY], path)
     assert [k.tenant for k in keys] == ["bob", "alice", anonymous_tenant_id(UNNAMED_KEY)]
-    assert [k.tenant for k in parse_key_lines("a k1, b k2")] == ["a", "b"]
+    assert [k.key for k in keys] == [BOB_KEY, ALICE_KEY, UNNAMED_KEY]
+    assert parse_key_lines("a sk-000-base64+/==")[0].key == "sk-000-base64+/=="
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("alice sk-A#secretpart", "holds '#'"),  # was taken as the key 'sk-A'
+        ("bob sk-B,xsecret", "holds ','"),  # was two keys, 'sk-B' and 'xsecret'
+        ("sk-abcdefgh # ci", "'#' starts a comment only at the beginning of a line"),
+        ("alice", "fewer than 8"),  # a tenant name without its key
+        ("alice sk-A=secretpart", "holds '='"),
+        ("alice sk-alice-0123 bob sk-bob-4567", "got 4 field(s)"),
+    ],
+)
+def test_a_keys_file_line_that_is_not_exactly_one_entry_is_refused_naming_the_line_never_the_key(tmp_path, line, why):
+    path = tmp_path / "keys"
+    path.write_text(f"# keys\n{line}\n")
+    with pytest.raises(ValueError) as refused:
+        load_keys([], path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}, line 2: ") and why in message
+    assert "secret" not in message
+
+
+def test_keys_from_the_command_line_or_environment_must_be_sendable_as_bearer_tokens():
+    with pytest.raises(ValueError, match="holds ','"):
+        load_keys(["alice sk-a,b"], None)
+    assert [k.key for k in load_keys(["k1", "alice sk-a"], None)] == ["k1", "sk-a"], "short keys: as given"
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_a_bad_keys_file_stops_serve_and_check_config_with_one_clear_line(tmp_path, command):
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {ALICE_KEY}\nbob sk-B,xsecret\n")
+    config = tmp_path / "shim.toml"
+    config.write_text(f"[server]\nport = 9\napi_keys_file = {json.dumps(str(keys))}\n")
+    args = ["serve", "--config", str(config)] if command == "serve" else ["check-config", str(config)]
+    result = subprocess.run(
+        [sys.executable, "-m", "server_shim.cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert f"{keys}, line 2: an API key holds ','" in result.stderr + result.stdout
+    assert "xsecret" not in result.stderr + result.stdout
 
 
 def test_one_key_for_two_tenants_is_refused(tmp_path):
