@@ -5,7 +5,8 @@
 CPU time on a shared machine moves with the load by more than most single changes save; an
 instruction count does not. Each CHECKOUT (a directory holding a `server_shim/`, default this
 one) is served by `responses-ws serve` under `valgrind --tool=callgrind`, instrumented only while
-the turns run (after 20 warm-up turns): the floor suite's lean client sends chained
+the turns run (after 20 warm-up turns and the trim that follows their connection's close): the
+floor suite's lean client sends chained
 `response.create` frames, and the count over them is divided by the turns. The usage ledger
 gets a file of its own per checkout and is flushed only at exit, so the count does not depend on
 how long the run took. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +37,9 @@ from .common import Subprocess, free_port, shim_command
 from .floor import Frames, capture, measure
 
 WARM_UP_TURNS = 20
+AFTER_WARM_UP_S = 4.0
+"""Wait after the warm-up connections close: the shim trims once per burst of closes (`trim.py`: a full
+collection, the attribute cache emptied, a second after the last close), a cost per burst, not per turn."""
 Server = Callable[[int, Path], list[str]]  # (port, scratch directory) -> the command serving on that port
 
 
@@ -72,6 +77,7 @@ def count(
             if before is not None:
                 before(url)
             asyncio.run(measure(url, proc.pid, Frames(tokens), connections, WARM_UP_TURNS))
+            time.sleep(AFTER_WARM_UP_S)  # the shim's after-burst trim (1 s after the warm-up's closes) runs first
             subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
             asyncio.run(measure(url, proc.pid, Frames(tokens), connections, turns))
             subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)

@@ -87,46 +87,80 @@ class _Alarm:
         return task.uncancel() <= self.base
 
 
-async def within(
-    stream: AsyncIterator[Delta], deadlines: Deadlines, clock: Callable[[], float]
-) -> AsyncGenerator[Delta, None]:
-    """The deltas of `stream`, or `DeadlineExceeded` as soon as a deadline passes (the read is cancelled).
+class Watch:
+    """The deadlines of one backend stream, applied by its reader around each read (no generator layer between).
 
     One timer for the nearest deadline, moved once (first token -> total). A deadline that passes
     while the caller holds a delta cuts the next read that has to wait, as it would have cut it
-    had the read begun with no time left; a delta ready at once still goes through.
+    had the read begun with no time left; a delta ready at once still goes through. The reader:
+    `delta = await anext(watch.reading(stream))`, then `watch.got(delta)`; on `CancelledError`,
+    `watch.cut()` before re-raising; `close()` when done. It must read from the task that made it.
     """
-    loop = asyncio.get_running_loop()
-    started = clock()
-    first_token_at: float | None = None
-    alarm = _Alarm()
-    alarm.arm(loop, *deadlines.next(started, None, started))
-    task = asyncio.current_task()  # the task reading the stream (once: each lookup is a `getpid` system call)
-    assert task is not None
+
+    __slots__ = ("alarm", "clock", "deadlines", "first_token_at", "loop", "started", "task")
+
+    def __init__(self, deadlines: Deadlines, clock: Callable[[], float]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.deadlines = deadlines
+        self.clock = clock
+        self.started = clock()
+        self.first_token_at: float | None = None
+        self.alarm = _Alarm()
+        self.alarm.arm(self.loop, *deadlines.next(self.started, None, self.started))
+        task = asyncio.current_task()  # the reading task, once: each lookup is a `getpid` system call
+        assert task is not None
+        self.task = task
+
+    def reading(self, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        """A read of `stream` starts: the alarm may cut it from now on (at once if it is past due)."""
+        alarm = self.alarm
+        if alarm.fired:
+            alarm.handle = self.loop.call_soon(alarm.fire)
+        alarm.reading = self.task
+        return stream
+
+    def cut(self) -> None:
+        """The read was cancelled: `DeadlineExceeded` if the alarm did it (else the caller re-raises)."""
+        alarm = self.alarm
+        alarm.reading = None
+        if alarm.expired(self.task):
+            seconds = self.deadlines.first_token_s if alarm.which == FIRST_TOKEN else self.deadlines.total_s
+            raise DeadlineExceeded(alarm.which, seconds, started=self.first_token_at is not None) from None
+
+    def got(self, delta: Delta) -> None:
+        """A read ended with `delta`; the first token moves the timer to the total deadline."""
+        alarm = self.alarm
+        alarm.reading = None
+        alarm.expired(self.task)  # a cancellation the stream swallowed is withdrawn; the next read is cut
+        if alarm.fired:
+            alarm.disarm()
+        if self.first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
+            self.first_token_at = self.clock()
+            if alarm.which == FIRST_TOKEN:  # from now on only the total deadline counts
+                alarm.fired = False
+                alarm.arm(self.loop, *self.deadlines.next(self.started, self.first_token_at, self.first_token_at))
+
+    def close(self) -> None:
+        self.alarm.reading = None
+        self.alarm.disarm()
+
+
+async def within(
+    stream: AsyncIterator[Delta], deadlines: Deadlines, clock: Callable[[], float]
+) -> AsyncGenerator[Delta, None]:
+    """The deltas of `stream`, or `DeadlineExceeded` as soon as a deadline passes (the read is cancelled):
+    a `Watch` around each read, for a reader that is not the router (which applies one itself)."""
+    watch = Watch(deadlines, clock)
     try:
         while True:
-            if alarm.fired:  # past due: the read is cut if it has to wait
-                alarm.handle = loop.call_soon(alarm.fire)
-            alarm.reading = task
             try:
-                delta = await anext(stream)
+                delta = await anext(watch.reading(stream))
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if alarm.expired(task):
-                    seconds = deadlines.first_token_s if alarm.which == FIRST_TOKEN else deadlines.total_s
-                    raise DeadlineExceeded(alarm.which, seconds, started=first_token_at is not None) from None
+                watch.cut()
                 raise
-            finally:
-                alarm.reading = None
-            alarm.expired(task)  # a cancellation the stream swallowed is withdrawn; the next read is cut
-            if alarm.fired:
-                alarm.disarm()
-            if first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
-                first_token_at = clock()
-                if alarm.which == FIRST_TOKEN:  # from now on only the total deadline counts
-                    alarm.fired = False
-                    alarm.arm(loop, *deadlines.next(started, first_token_at, first_token_at))
+            watch.got(delta)
             yield delta
     finally:
-        alarm.disarm()
+        watch.close()

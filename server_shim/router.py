@@ -37,7 +37,7 @@ from .backends.base import (
     Usage,
 )
 from .config import DeploymentConfig, RoutingConfig, ShimConfig
-from .deadlines import Deadlines, within
+from .deadlines import Deadlines, Watch
 from .errors import BackendError
 from .health import Health, TokenWindow
 from .trim import Count, Counts
@@ -178,10 +178,7 @@ class Router:
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         """The first candidate's deltas; one that fails before its first delta hands over to the next.
-
-        One generator between the deadlines and the turn: the per-delta bookkeeping (first token,
-        pieces, token window) is done here rather than in a layer of its own.
-        """
+        The deadlines (`Watch`) and the per-delta bookkeeping are applied here, in no generator of their own."""
         candidates = self.candidates(request.model, request.deployment)
         first = next(candidates, None)
         if request.stages is not None:
@@ -199,15 +196,21 @@ class Router:
             carry = request.carry if deployment.name == request.deployment else {}
             deployment.in_flight += 1
             start = self.clock()
-            first_at: float | None = None
             pieces = 0
+            watch = Watch(deployment.deadlines, self.clock)  # applied here: no generator layer per delta
             try:
-                routed = _routed(request, deployment, carry)
-                async for delta in within(deployment.backend.stream(routed), deployment.deadlines, self.clock):
+                stream = deployment.backend.stream(_routed(request, deployment, carry))
+                while True:
+                    try:
+                        delta = await anext(watch.reading(stream))
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.CancelledError:
+                        watch.cut()  # DeadlineExceeded when the deadline cut the read
+                        raise
+                    watch.got(delta)
                     if isinstance(delta, (TextDelta, ToolCallDelta)):
                         pieces += 1
-                        if first_at is None:
-                            first_at = self.clock()
                     elif isinstance(delta, Usage):
                         deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
                     elif isinstance(delta, Carry):
@@ -222,9 +225,10 @@ class Router:
                     raise
                 continue
             finally:
+                watch.close()
                 deployment.in_flight -= 1
                 self._publish(deployment)
-            self._succeeded(deployment, start, first_at, pieces)
+            self._succeeded(deployment, start, watch.first_token_at, pieces)
             yield Routed(deployment.name, carry)
             return
         assert last_error is not None
@@ -348,23 +352,23 @@ def build_router(
     config: ShimConfig, kinds: dict[str, BackendFactory], *, clock: Callable[[], float] = time.monotonic
 ) -> Router:
     """One backend per deployment, made by the factory registered for its kind."""
-    deployments = []
-    for spec in config.deployments:
-        deployments.append(
-            Deployment(
-                name=spec.name,
-                backend=make_backend(spec, kinds),
-                models=dict(spec.models),
-                health=Health(config.routing.failure_threshold, config.routing.cooldown_s, config.routing.ewma_alpha),
-                priority=spec.priority,
-                max_concurrency=spec.max_concurrency,
-                tokens_per_minute=spec.tokens_per_minute,
-                deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
-                hosted_tools=spec.hosted_policy,
-                context_window=spec.context_window,
-            )
+    routing = config.routing
+    deployments = [
+        Deployment(
+            name=spec.name,
+            backend=make_backend(spec, kinds),
+            models=dict(spec.models),
+            health=Health(routing.failure_threshold, routing.cooldown_s, routing.ewma_alpha),
+            priority=spec.priority,
+            max_concurrency=spec.max_concurrency,
+            tokens_per_minute=spec.tokens_per_minute,
+            deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
+            hosted_tools=spec.hosted_policy,
+            context_window=spec.context_window,
         )
-    return Router(deployments, config.routing, clock=clock)
+        for spec in config.deployments
+    ]
+    return Router(deployments, routing, clock=clock)
 
 
 def make_backend(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Backend:
