@@ -22,6 +22,7 @@ from . import chat_http, extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter, tenant_connection_cap
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .browsers import BrowserGuard
+from .budgets import CacheBudget, default_cache_budget
 from .check_config import checks_by_model
 from .checks import Check
 from .compaction import compaction_key
@@ -34,7 +35,7 @@ from .postinference import PostInference
 from .router import build_router
 from .safety import Classifier, Validator
 from .settings import Settings
-from .state import MemoryResponseStore, ResponseStore
+from .state import ConnectionCache, MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys, scope_tenant
 from .tokens import counters_by_model
 from .trim import Count, Counts, Trimmer
@@ -65,6 +66,7 @@ class ShimState:
     stats: ShimStats = field(default_factory=ShimStats)
     gate: ConnectionGate = field(default_factory=lambda: ConnectionGate(max_connections=1024))
     limiter: TenantLimiter = field(default_factory=TenantLimiter)
+    cache_budget: CacheBudget = field(default_factory=lambda: CacheBudget(default_cache_budget()))
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the admission decisions (tests pass their own)."""
     trimmer: Trimmer = field(default_factory=Trimmer)
@@ -72,6 +74,13 @@ class ShimState:
     """Whether the store has answered once: `/readyz` waits for that, as for a deployment (a later outage
     does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def connection_cache(self, tenant: str | None) -> ConnectionCache:
+        """A new connection's cache, bounded on its own and by the server's budget for all of them."""
+        limits = self.settings
+        return ConnectionCache(
+            limits.cache_max_responses, limits.cache_max_bytes, tenant=tenant, budget=self.cache_budget
+        )
 
     def record_turn(self, turn: Turn) -> None:
         self.stats.turns += 1
@@ -151,6 +160,9 @@ def create_app(
             tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants),
         ),
         limiter=TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute),
+        cache_budget=CacheBudget(
+            settings.cache_budget_bytes or default_cache_budget(), settings.tenant_cache_max_bytes
+        ),
     )
 
     async def websocket_endpoint(websocket: WebSocket) -> None:
@@ -228,7 +240,12 @@ def store_address(settings: Settings) -> str:
 def build_store(settings: Settings) -> ResponseStore:
     """The store `settings.store` names: in-process memory, or Redis shared by workers and replicas."""
     if settings.store == "memory":
-        return MemoryResponseStore(settings.store_max_responses, settings.store_max_bytes)
+        return MemoryResponseStore(
+            settings.store_max_responses,
+            settings.store_max_bytes,
+            tenant_max_responses=settings.store_tenant_max_responses,
+            tenant_max_bytes=settings.store_tenant_max_bytes,
+        )
     from .redis_store import RedisResponseStore
 
     return RedisResponseStore(

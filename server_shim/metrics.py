@@ -221,7 +221,7 @@ STATUSES = ("completed", "incomplete", "failed", "cancelled")
 TOKEN_KINDS = ("input", "cached", "output")
 PLUGIN_KINDS = ("validator", "classifier", "check", "check_beside_inference")
 LOOKUPS = ("hit", "store", "miss")
-EVICTIONS = ("capacity", "failed_turn")
+EVICTIONS = ("capacity", "failed_turn", "budget")
 STORE_RESULTS = (("load", "hit"), ("load", "miss"), ("save", "ok"), ("delete", "hit"), ("delete", "miss"))
 
 

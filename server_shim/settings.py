@@ -141,8 +141,23 @@ class Settings(BaseSettings):
 
     cache_max_responses: int = Field(default=256, ge=1)
     cache_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    cache_budget_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="memory all connection caches hold together; past it the oldest cached responses of the "
+        "tenant holding the most are dropped (unset: a quarter of the memory limit, at least 64 MiB)",
+    )
+    tenant_cache_max_bytes: int = Field(
+        default=0, ge=0, description="memory one tenant's connection caches hold together (0: the whole budget)"
+    )
     store_max_responses: int = Field(default=10_000, ge=1)
     store_max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    store_tenant_max_responses: int = Field(
+        default=0, ge=0, description="stored responses per tenant, its own oldest dropped beyond (0: no quota)"
+    )
+    store_tenant_max_bytes: int = Field(
+        default=0, ge=0, description="memory of one tenant's stored responses, its own oldest dropped beyond (0: none)"
+    )
     store: str = Field(
         default="memory",
         description="'memory' (per process) or a Redis URL shared by workers and replicas, e.g. redis://127.0.0.1:6379/0",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Set
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
 from .callids import own_calls
@@ -15,6 +15,9 @@ from .footprint import footprint
 from .history import History
 from .items import Item
 from .tools import ChatTools
+
+if TYPE_CHECKING:
+    from .budgets import CacheBudget
 
 STATE_OVERHEAD = 1024
 """The state object, its call-id set and the bookkeeping around it, per response."""
@@ -165,11 +168,16 @@ class ChainLedger:
 
 
 class ConnectionCache:
-    """Per-connection LRU of response states, bounded by count and by bytes; memory only."""
+    """Per-connection LRU of response states, bounded by count and by bytes, and by the server's `budget`
+    for all caches together (see `budgets.CacheBudget`); memory only."""
 
-    def __init__(self, max_responses: int, max_bytes: int) -> None:
+    def __init__(
+        self, max_responses: int, max_bytes: int, *, tenant: str | None = None, budget: CacheBudget | None = None
+    ) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
+        self.tenant = tenant
+        self.budget = budget
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
         self._ledger = ChainLedger()
         self.notices: set[str] = set()
@@ -197,13 +205,25 @@ class ConnectionCache:
         self._states[state.id] = state
         self._ledger.add(state)
         while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
-            oldest, _ = self._states.popitem(last=False)
-            self._ledger.remove(oldest)
+            self.drop_oldest()
             metrics.CACHE_EVICTIONS.labels("capacity").inc()
+        if self.budget is not None:
+            self.budget.settle(self)
+
+    def drop_oldest(self) -> None:
+        oldest, _ = self._states.popitem(last=False)
+        self._ledger.remove(oldest)
 
     def evict(self, response_id: str) -> None:
         if self._states.pop(response_id, None) is not None:
             self._ledger.remove(response_id)
+            if self.budget is not None:
+                self.budget.settle(self)
+
+    def close(self) -> None:
+        """The connection is gone: its states no longer count toward the budget."""
+        if self.budget is not None:
+            self.budget.leave(self)
 
     def ids(self) -> list[str]:
         return list(self._states)
@@ -257,26 +277,83 @@ class ResponseStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-class MemoryResponseStore:
-    """The default store: an in-process dict bounded by count and by the memory it holds (oldest dropped first)."""
+@dataclass
+class _Pool:
+    """One tenant's stored responses, oldest saved first, and the memory they hold."""
 
-    def __init__(self, max_responses: int = 10_000, max_bytes: int = 512 * 1024 * 1024) -> None:
+    order: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    ledger: ChainLedger = field(default_factory=ChainLedger)
+
+
+class MemoryResponseStore:
+    """The default store: an in-process dict bounded by count and by the memory it holds, in all and per tenant.
+
+    Each tenant's responses are a pool of their own (a chain never crosses tenants, so its shared history is
+    counted within one pool). A tenant over its quota (`tenant_max_responses`, `tenant_max_bytes`; 0: none)
+    drops its own oldest; past the store's bounds the oldest of the tenant holding the most (bytes, or
+    responses for the count bound) is dropped, so a tenant that stores much cannot evict one that stores little.
+    """
+
+    def __init__(
+        self,
+        max_responses: int = 10_000,
+        max_bytes: int = 512 * 1024 * 1024,
+        *,
+        tenant_max_responses: int = 0,
+        tenant_max_bytes: int = 0,
+    ) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
-        self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._ledger = ChainLedger()
+        self.tenant_max_responses = tenant_max_responses or max_responses
+        self.tenant_max_bytes = tenant_max_bytes or max_bytes
+        self._states: dict[str, ResponseState] = {}
+        self._pools: dict[str | None, _Pool] = {}
+        self.nbytes = 0
+        """Memory the stored states hold (see `ChainLedger`), all tenants."""
 
-    @property
-    def nbytes(self) -> int:
-        return self._ledger.total
+    def tenant_bytes(self, tenant: str | None) -> int:
+        pool = self._pools.get(tenant)
+        return pool.ledger.total if pool is not None else 0
 
     async def save(self, state: ResponseState) -> None:
+        self._drop(state.id)
+        pool = self._pools.setdefault(state.tenant, _Pool())
         self._states[state.id] = state
-        self._states.move_to_end(state.id)
-        self._ledger.add(state)
-        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
-            oldest, _ = self._states.popitem(last=False)
-            self._ledger.remove(oldest)
+        pool.order[state.id] = None
+        self._add(pool, state)
+        while len(pool.order) > 1 and (
+            len(pool.order) > self.tenant_max_responses or pool.ledger.total > self.tenant_max_bytes
+        ):
+            self._drop(next(iter(pool.order)))
+        while len(self._states) > self.max_responses or self.nbytes > self.max_bytes:
+            victim = self._largest(by_count=len(self._states) > self.max_responses, keep=state.id)
+            if victim is None:
+                break
+            self._drop(next(iter(victim.order)))
+
+    def _largest(self, by_count: bool, keep: str) -> _Pool | None:
+        """The pool holding the most, of those with something to drop other than `keep` (the newest save)."""
+        pools = [pool for pool in self._pools.values() if len(pool.order) > 1 or keep not in pool.order]
+        if not pools:
+            return None
+        return max(pools, key=lambda pool: len(pool.order) if by_count else pool.ledger.total)
+
+    def _add(self, pool: _Pool, state: ResponseState) -> None:
+        before = pool.ledger.total
+        pool.ledger.add(state)
+        self.nbytes += pool.ledger.total - before
+
+    def _drop(self, response_id: str) -> None:
+        state = self._states.pop(response_id, None)
+        if state is None:
+            return
+        pool = self._pools[state.tenant]
+        del pool.order[response_id]
+        before = pool.ledger.total
+        pool.ledger.remove(response_id)
+        self.nbytes += pool.ledger.total - before
+        if not pool.order:
+            del self._pools[state.tenant]
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -285,8 +362,7 @@ class MemoryResponseStore:
     async def delete(self, response_id: str, tenant: str | None) -> bool:
         if await self.load(response_id, tenant) is None:
             return False
-        del self._states[response_id]
-        self._ledger.remove(response_id)
+        self._drop(response_id)
         return True
 
     async def ping(self) -> bool:
@@ -294,4 +370,5 @@ class MemoryResponseStore:
 
     async def aclose(self) -> None:
         self._states.clear()
-        self._ledger = ChainLedger()
+        self._pools.clear()
+        self.nbytes = 0

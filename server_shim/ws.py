@@ -26,7 +26,6 @@ from .events import new_id
 from .items import normalize_input
 from .limits import is_large
 from .requests import CreateRequest, check_stream_id, parse_create
-from .state import ConnectionCache
 from .steer import Steer, Steering, SteerSlot, steered_input
 from .tenants import scope_tenant
 from .turn import Turn
@@ -78,7 +77,6 @@ class ResponsesConnection:
         self.websocket = websocket
         self.shim = shim
         self.settings = settings
-        self.cache = ConnectionCache(settings.cache_max_responses, settings.cache_max_bytes)
         self.steering = Steering(shim.env.limits)
         self.state = ConnectionState.OPEN
         self._lanes: dict[str | None, _Lane] = {}
@@ -91,6 +89,7 @@ class ResponsesConnection:
         """The connection's loop, looked up once (each `get_running_loop` is a `getpid` system call in 3.11)."""
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
+        self.cache = shim.connection_cache(self.tenant)
         self.queued = QueueBound(settings.max_queued_requests, settings.max_queued_bytes)
         self._room = asyncio.Event()
         """Set while `queued` is not full: frames are read only then."""
@@ -115,7 +114,7 @@ class ResponsesConnection:
                 self._idle.cancel()
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
-            metrics.CACHE_BYTES.dec(self.cache.nbytes)
+            self.cache.close()
             backend = self.shim.env.backend
             if isinstance(backend, ConnectionScoped):
                 try:
@@ -278,7 +277,6 @@ class ResponsesConnection:
                 request = request.model_copy(update={"input": steered_input(steers) + normalize_input(request.input)})
         turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
         slot: SteerSlot | None = None
-        cached_bytes = self.cache.nbytes
         turn.result.trace_carrier = self.trace_carrier
         try:
             async with contextlib.aclosing(turn.events()) as events:
@@ -298,7 +296,6 @@ class ResponsesConnection:
             log.exception("turn failed unexpectedly")
             await self.send(with_lane(internal_error().event(), stream_id))
         finally:
-            metrics.CACHE_BYTES.inc(self.cache.nbytes - cached_bytes)
             self.shim.record_turn(turn)
         return turn, slot
 

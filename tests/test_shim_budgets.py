@@ -13,14 +13,19 @@ import json
 import tracemalloc
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 import websockets
 from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, ws_url
+from test_shim_state import state
 from websockets.asyncio.client import connect as ws_connect
 
+import ws_transport
 from server_shim.admission import ConnectionGate, tenant_connection_cap
+from server_shim.budgets import CacheBudget, default_cache_budget
+from server_shim.state import MemoryResponseStore, ResponseState
 
 MB = 1024 * 1024
 
@@ -146,3 +151,168 @@ async def test_one_tenant_cannot_take_every_websocket_slot(make_server):
     finally:
         for ws in opened:
             await ws.close()
+
+
+# --- the server-wide cache budget -------------------------------------------------------------------
+
+
+class FakeCache:
+    """A cache as the budget sees it: a tenant and a list of response sizes, oldest first."""
+
+    def __init__(self, tenant: str, *sizes: int) -> None:
+        self.tenant = tenant
+        self.sizes = list(sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def drop_oldest(self) -> None:
+        self.sizes.pop(0)
+
+
+def test_over_the_budget_the_largest_tenants_least_recently_used_cache_loses_its_oldest_first():
+    budget = CacheBudget(max_bytes=100)
+    small = FakeCache("bob", 10)
+    budget.settle(small)
+    heavy_old, heavy_new = FakeCache("alice", 30, 30), FakeCache("alice")
+    budget.settle(heavy_old)
+    heavy_new.sizes.append(40)
+    budget.settle(heavy_new)
+    assert budget.total == 110 - 30 and heavy_old.sizes == [30], "alice's oldest response of her older connection"
+    heavy_new.sizes.append(40)
+    budget.settle(heavy_new)
+    assert small.sizes == [10], "bob holds little: never evicted for alice"
+    assert heavy_new.sizes == [40, 40] and heavy_old.sizes == [] and budget.total == 90
+    assert budget.tenant_bytes("alice") == 80 and budget.tenant_bytes("bob") == 10 and budget.evicted == 2
+    budget.leave(heavy_old)
+    budget.leave(heavy_new)
+    assert budget.total == 10 and budget.tenant_bytes("alice") == 0
+
+
+def test_a_tenant_over_its_share_drops_its_own_and_a_cache_keeps_what_it_just_cached():
+    budget = CacheBudget(max_bytes=1000, tenant_max_bytes=50)
+    other = FakeCache("bob", 45)
+    budget.settle(other)
+    alone = FakeCache("alice", 20, 20, 70)
+    budget.settle(alone)
+    assert alone.sizes == [70] and other.sizes == [45], "over her share with one response: it stays, bob's too"
+    assert budget.total == 115
+
+
+def test_the_default_budget_is_a_quarter_of_memory_and_at_least_64_mib():
+    assert default_cache_budget(16 * 1024 * MB) == 4 * 1024 * MB
+    assert default_cache_budget(100 * MB) == 64 * MB
+
+
+async def test_the_caches_of_many_connections_stay_within_the_budget_and_another_tenant_keeps_its_own(make_server):
+    """Attack finding 5: 30 connections of one tenant cached 672 MB (no bound above one connection)."""
+    budget = 2 * MB
+    server = make_server(api_keys=["alice k1", "bob k2"], cache_budget_bytes=budget, usage_ledger="off")
+    bob = AsyncOpenAI(base_url=server.base_url, api_key="k2", max_retries=0)
+    async with bob, bob.responses.connect() as kept:
+        await kept.response.create(model=MODEL, input="bob's state", store=False)
+        bobs = (await terminal(kept)).response.id
+        heavy, ids = [], []
+        try:
+            for _ in range(8):
+                ws = await ws_connect(ws_url(server), max_size=None, additional_headers={"Authorization": "Bearer k1"})
+                heavy.append(ws)
+                await ws.send(create(input="a" * 400_000, max_output_tokens=1))
+                done = await until_terminal(ws)
+                assert done["type"] == "response.completed"
+                ids.append(done["response"]["id"])
+            cached = await gauge(server, "responses_ws_cache_bytes")
+            assert 0 < cached <= budget, f"{cached / MB:.2f} MB cached over a {budget / MB:.0f} MB budget"
+            await heavy[0].send(create(input="on", previous_response_id=ids[0], max_output_tokens=1))
+            dropped = await until_terminal(heavy[0])
+            assert dropped["type"] == "error" and dropped["error"]["code"] == "previous_response_not_found"
+            await heavy[0].send(create(input="anew", max_output_tokens=1))
+            assert (await until_terminal(heavy[0]))["type"] == "response.completed", "the connection carries on"
+            await kept.response.create(model=MODEL, input="on", store=False, previous_response_id=bobs)
+            assert (await terminal(kept)).type == "response.completed", "bob's cached state survived alice's flood"
+        finally:
+            for ws in heavy:
+                await ws.close()
+    assert await gauge(server, "responses_ws_cache_bytes") <= budget
+
+
+async def test_a_wrapped_client_whose_cached_state_the_budget_dropped_resends_and_carries_on(make_server):
+    server = make_server(cache_budget_bytes=1 * MB, usage_ledger="off")
+    client = ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0))
+    try:
+        history: list[Any] = [{"role": "user", "content": "b" * 300_000}]
+        first = await client.responses.create(model=MODEL, input=history, store=False, max_output_tokens=2)
+        history += [item.model_dump(exclude_none=True) for item in first.output]
+        async with ws_connect(ws_url(server), max_size=None) as other:
+            for _ in range(4):  # the same tenant's other connection: the budget drops the wrapped one's state
+                await other.send(create(input="c" * 300_000, max_output_tokens=1))
+                assert (await until_terminal(other))["type"] == "response.completed"
+        assert server.shim.cache_budget.evicted >= 1
+        history.append({"role": "user", "content": "and then?"})
+        second = await client.responses.create(model=MODEL, input=history, store=False, max_output_tokens=2)
+        assert second.status == "completed"
+        assert ws_transport.session_of(client).stats.resends == 1, "previous_response_not_found, then the whole input"
+    finally:
+        await client.close()
+
+
+async def gauge(server: Any, name: str) -> float:
+    async with httpx2.AsyncClient(base_url=server.base_url.removesuffix("/v1")) as http:
+        text = (await http.get("/metrics", headers={"Authorization": "Bearer k1"})).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+# --- stored responses per tenant ----------------------------------------------------------------------
+
+
+def stored(response_id: str, tenant: str, text: str = "x") -> ResponseState:
+    one = state(response_id, text)
+    one.tenant = tenant
+    return one
+
+
+async def test_a_tenant_filling_the_store_drops_its_own_oldest_never_anothers():
+    bobs = stored("bob-1", "bob")
+    one_big = stored("probe", "alice", "a" * 50_000).size
+    store = MemoryResponseStore(max_bytes=one_big * 5)
+    await store.save(bobs)
+    for n in range(20):
+        await store.save(stored(f"alice-{n}", "alice", "a" * 50_000))
+        assert store.nbytes <= store.max_bytes
+    assert await store.load("bob-1", "bob") is bobs
+    assert await store.load("alice-19", "alice") is not None and await store.load("alice-0", "alice") is None
+    counted = MemoryResponseStore(max_responses=100)
+    await counted.save(bobs)
+    for n in range(300):  # the count bound: many tiny responses
+        await counted.save(stored(f"tiny-{n}", "alice"))
+    assert await counted.load("bob-1", "bob") is bobs and len(counted._states) == 100
+
+
+async def test_a_tenant_over_its_quota_drops_its_own_oldest():
+    store = MemoryResponseStore(tenant_max_responses=2, tenant_max_bytes=10**9)
+    for name in ("a1", "a2", "a3"):
+        await store.save(stored(name, "alice"))
+    await store.save(stored("b1", "bob"))
+    assert [await store.load(name, "alice") is not None for name in ("a1", "a2", "a3")] == [False, True, True]
+    assert await store.load("b1", "bob") is not None
+    assert store.nbytes == sum(store.tenant_bytes(tenant) for tenant in ("alice", "bob"))
+    assert await store.delete("a2", "alice") and store.tenant_bytes("alice") == stored("a3", "alice").size
+
+
+async def test_over_http_one_tenants_large_stores_do_not_evict_anothers_response(make_server):
+    """Attack finding 6: after 48 of k1's 2.8 MB stored POSTs, k2's stored response answered 404."""
+    server = make_server(api_keys=["alice k1", "bob k2"], store_max_bytes=4 * MB, usage_ledger="off")
+    bob = AsyncOpenAI(base_url=server.base_url, api_key="k2", max_retries=0)
+    alice = AsyncOpenAI(base_url=server.base_url, api_key="k1", max_retries=0)
+    async with bob, alice:
+        kept = await bob.responses.create(model=MODEL, input="bob's important state")
+        for _ in range(12):
+            await alice.responses.create(model=MODEL, input="a" * 500_000, max_output_tokens=1)
+        assert server.shim.env.store.nbytes <= 4 * MB
+        assert (await bob.responses.retrieve(kept.id)).id == kept.id
+        again = await bob.responses.create(model=MODEL, input="and?", previous_response_id=kept.id)
+        assert again.status == "completed"
