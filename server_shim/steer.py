@@ -100,6 +100,13 @@ class Steering:
             return self.failed(steer, "response_not_found", "No running response with this id on this connection.")
         if len(slot.queued) >= MAX_QUEUED:
             return self.failed(steer, "too_many_pending_steers", f"At most {MAX_QUEUED} steers may wait on a response.")
+        queued = sum(len(s.items) for s in slot.queued) + len(steer.items)
+        if queued > self.limits.max_input_items:  # together they are the successor's input
+            message = (
+                f"The steers queued on this response would hold {queued} items, the input of one request; at most "
+                f"{self.limits.max_input_items} are allowed."
+            )
+            return self.failed(steer, "too_many_input_items", message)
         steer.id = new_id("steer")
         slot.queued.append(steer)
         return self._event(

@@ -15,6 +15,8 @@ import pytest
 from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, run_turn, send_raw
 
+from server_shim.limits import RequestLimits
+from server_shim.steer import Steering
 from server_shim.ws_frames import encode_event
 
 DEEP_LIST = "[" * 300 + "]" * 300
@@ -166,3 +168,16 @@ async def test_the_active_lanes_gauge_returns_to_where_it_was_once_connections_c
         await asyncio.sleep(0.05)
     assert not slow_server.shim.connections
     assert active_lanes(slow_server) == before
+
+
+def test_the_steers_queued_on_one_response_hold_at_most_one_request_s_items():
+    steering = Steering(RequestLimits(max_input_items=3))
+    steering.begin("resp_1", None)
+    two = [{"role": "user", "content": "a"}] * 2
+    assert steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": two})["type"] == (
+        "response.steer.accepted"
+    )
+    refused = steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": two})
+    assert refused["error"]["code"] == "too_many_input_items" and refused["steer"]["input"] == two
+    one = steering.submit({"type": "response.steer", "previous_response_id": "resp_1", "input": "b"})
+    assert one["type"] == "response.steer.accepted", "what fits still goes"
