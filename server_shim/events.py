@@ -342,3 +342,14 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.input_tokens + usage.output_tokens,
     }
+
+
+NOT_STORED_METADATA_KEY = "responses_ws.not_stored"
+
+
+def not_stored(response: dict[str, Any], code: str) -> None:
+    """Mark a response that asked to be stored but was not (the store did not answer in time): `store` false
+    and the reason in its metadata, so the client knows it cannot retrieve it or continue it from another
+    connection, worker or replica (its own WebSocket connection still can, from its cache)."""
+    response["store"] = False
+    response["metadata"] = {**(response.get("metadata") or {}), NOT_STORED_METADATA_KEY: code}

@@ -328,27 +328,32 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """Ready when the store has answered once and a deployment has answered and can take traffic; the body
-    shows each one."""
+    shows each one.
+
+    A shared store that stops answering later leaves this replica ready by default: every replica shares
+    it, so all would go unready at once (a total outage where only turns that need the store fail), and
+    turns with `store: false` or on a connection's cache still work. The body says it is unreachable;
+    `readyz_requires_store` makes it 503 instead. The store's ping is bounded (0.5 s) under a probe's
+    timeout."""
     shim: ShimState = request.app.state.shim
     backend = shim.env.backend
     deployments = backend.status() if isinstance(backend, ReportsStatus) else {backend.name: {"available": True}}
-    if not shim.store_answered:
-        shim.store_answered = await shim.env.store.ping()
+    reachable = await shim.env.store.ping()
+    shim.store_answered = shim.store_answered or reachable
     ready = shim.store_answered and any(d["available"] and d.get("answered", True) for d in deployments.values())
+    ready = ready and (reachable or not shim.settings.readyz_requires_store)
     if not _probe_details(request):
         return json_response(
             {"ready": ready and not shim.gate.draining}, 200 if ready and not shim.gate.draining else 503
         )
     if shim.gate.draining:
         return json_response({"ready": False, "draining": True, "deployments": deployments}, 503)
-    # A shared store that goes down later does not make this replica unready: every replica shares it,
-    # and turns that only need a connection's cache still work. The body says so for operators.
-    store = {"kind": "memory" if shim.settings.store == "memory" else "redis", "reachable": await shim.env.store.ping()}
+    store = {"kind": "memory" if shim.settings.store == "memory" else "redis", "reachable": reachable}
     return json_response({"ready": ready, "deployments": deployments, "store": store}, 200 if ready else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    """Prometheus exposition format (`responses_ws_*`); open like the probes, it carries no secrets."""
+    """Prometheus exposition format (`responses_ws_*`); `BearerAuth` decides who may read it."""
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
 

@@ -181,6 +181,7 @@ class RedisResponseStore:
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.max_entry_bytes = max_entry_bytes
         self.prefix = prefix
+        self.timeout_s = timeout_s
         self._redis = connect(url, timeout_s)
         self._save_script = self._redis.register_script(_SAVE)
         self._load_script = self._redis.register_script(_LOAD)
@@ -266,12 +267,16 @@ class RedisResponseStore:
         await self._redis.aclose()
 
     async def _call(self, what: str, command: Any) -> Any:
-        from redis.exceptions import ConnectionError, TimeoutError
+        """`command`, within `timeout_s` all told: the client's retries (three tries of `timeout_s` each on a
+        Redis that accepts but does not answer) must not make a turn wait three times what was configured."""
+        from redis.exceptions import ConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
         try:
-            return await command
-        except (ConnectionError, TimeoutError, OSError) as exc:
-            log.warning("redis store %s failed: %s", what, exc)
+            async with asyncio.timeout(self.timeout_s):
+                return await command
+        except (ConnectionError, RedisTimeout, TimeoutError, OSError) as exc:
+            log.warning("redis store %s failed: %s", what, exc or f"no answer within {self.timeout_s:g} s")
             raise store_unavailable() from exc
 
 

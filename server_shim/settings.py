@@ -164,7 +164,13 @@ class Settings(BaseSettings):
     )
     store_ttl_s: float = Field(default=30 * 86400, gt=0, description="how long a stored response can be continued")
     store_max_entry_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="largest stored response")
-    store_timeout_s: float = Field(default=2.0, gt=0, description="Redis connect and command timeout")
+    store_timeout_s: float = Field(
+        default=2.0, gt=0, description="Redis connect and command timeout: one store operation, retries included"
+    )
+    readyz_requires_store: bool = Field(
+        default=False,
+        description="/readyz answers 503 while the shared store does not answer (default: ready, the body says it)",
+    )
 
     usage_ledger: Literal["auto", "sqlite", "redis", "off"] = Field(
         default="auto",

@@ -22,7 +22,7 @@ from .callids import with_calls
 from .checks import CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, model_not_found
-from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, response_object
+from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, not_stored, response_object
 from .history import History
 from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
@@ -393,5 +393,6 @@ class Turn:
             except APIError as error:  # the store is away: this connection can still continue from its cache
                 metrics.STORE_OPERATIONS.labels("save", "error").inc()
                 log.warning("response %s completed but not stored: %s", state.id, error)
+                not_stored(response, error.code)
             else:
                 metrics.STORE_OPERATIONS.labels("save", "ok").inc()
