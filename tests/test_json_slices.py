@@ -241,10 +241,11 @@ def test_which_documents_are_sliced():
 
 
 def test_a_large_refused_body_is_freed_a_slice_at_a_time():
-    body = {"model": "m", "input": [{"n": n} for n in range(10 * DISPOSE_CHUNK)], "tools": []}
+    long = 10 * DISPOSE_CHUNK
+    body = {"input": [{"n": n} for n in range(long)], "metadata": {"k": [[] for _ in range(long)]}, "n": 1}
     freeing, pauses = dispose(body), 0
     with pytest.raises(StopIteration):
         while True:
             freeing.send(None)  # each `asyncio.sleep(0)` hands control back here
             pauses += 1
-    assert pauses >= 9 and len(body["input"]) <= DISPOSE_CHUNK
+    assert pauses >= 18 and len(body["input"]) <= DISPOSE_CHUNK and len(body["metadata"]["k"]) <= DISPOSE_CHUNK

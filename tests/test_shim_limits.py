@@ -12,6 +12,8 @@ import openai
 import orjson
 import pytest
 import websockets
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from support.wire import (
     API_KEY,
@@ -56,6 +58,28 @@ def test_depth_counts_arrays_and_objects_and_a_scalar_is_depth_zero():
 def test_a_document_deeper_than_python_recursion_is_measured_without_recursion():
     deep = orjson.loads(b"[" * 1000 + b"]" * 1000)
     assert deeper_than(deep, 999) and not deeper_than(deep, 1000)
+
+
+def _depth(value: Any) -> int:
+    """The reference: the nesting depth by plain recursion (documents here are shallow)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+nested_values = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=5),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=nested_values, limit=st.integers(0, 8))
+def test_the_level_by_level_walk_measures_depth_as_recursion_does(value, limit):
+    assert deeper_than(value, limit) == (_depth(value) > limit)
 
 
 @pytest.mark.parametrize("field", ["text", "tool_choice", "metadata", "input"])
