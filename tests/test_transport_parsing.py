@@ -24,7 +24,7 @@ from openai._models import BaseModel as SDKModel
 from openai._models import add_request_id, construct_type
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from pydantic_core import SchemaValidator
+from pydantic_core import SchemaError, SchemaValidator
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
@@ -190,6 +190,23 @@ def test_models_constructed_below_the_top_are_settled_the_same_way(data: dict[st
 def test_a_model_whose_constructed_fields_cannot_be_settled_has_no_fast_path() -> None:
     assert parsing.Model.build(Unsupported) is None
     assert parsing.parse(Unsupported, {"values": [1, 2.5]}) is None
+
+
+class Fresh(SDKModel):
+    """A model no other test built a validator for."""
+
+    name: str
+
+
+def test_a_validator_pydantic_core_refuses_to_build_leaves_parsing_to_the_sdk(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise SchemaError("a schema this pydantic-core does not know")
+
+    monkeypatch.setattr(parsing, "SchemaValidator", refuse)
+    assert parsing.parse(Fresh, {"name": "x"}) is None
+    assert "the fast validator failed to build" in caplog.text
 
 
 class KindA(SDKModel):

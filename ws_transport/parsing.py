@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import types
 import typing
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ import pydantic
 from pydantic_core import SchemaValidator
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+log = logging.getLogger("ws_transport")
 
 PLAIN = (str, int, bool, object, Any)
 """Annotations the SDK's `construct` keeps as they are, as a strict validation does."""
@@ -102,21 +104,24 @@ class Model:
         ):
             return None
         fields = {**schema, "schema": model["schema"]} if wrapped else model["schema"]
-        return SchemaValidator(tagged_schema(fields), config=model.get("config"))  # type: ignore[arg-type]
+        return _built(lambda: SchemaValidator(tagged_schema(fields), config=model.get("config")))  # type: ignore[arg-type]
 
 
 def parse(cls: type[ModelT], data: Any) -> ModelT | None:
     """`cls` made of `data` as the SDK's non-strict parser makes it, or None where only that parser knows how."""
-    plan = Model.build(cls)
-    if plan is None or type(data) is not dict or pydantic.VERSION.startswith("1."):
+    if PYDANTIC_V1 or type(data) is not dict:
         return None
-    validator = plan.validator
-    if validator is None:
+    plan = Model.build(cls)
+    validator = None if plan is None else plan.validator
+    if plan is None or validator is None:
         return None
     try:
-        values, extra, fields_set = validator.validate_python(data, strict=True)
+        result = validator.validate_python(data, strict=True)
     except pydantic.ValidationError:
         return None
+    if type(result) is not tuple or len(result) != 3:  # (values, extras, fields set) in every pydantic-core 2.x
+        return None
+    values, extra, fields_set = result
     model = cls.__new__(cls)  # as pydantic-core's model validator makes one
     _setattr(model, "__dict__", values)
     _setattr(model, "__pydantic_extra__", extra)
@@ -126,6 +131,17 @@ def parse(cls: type[ModelT], data: Any) -> ModelT | None:
 
 
 _setattr = object.__setattr__
+PYDANTIC_V1 = pydantic.VERSION.startswith("1.")
+
+
+def _built(build: Any) -> SchemaValidator | None:
+    """`build()`, or None (no fast path, the SDK's parser) when a pydantic-core release refuses the rewritten schema."""
+    try:
+        validator: SchemaValidator = build()
+    except Exception as exc:  # SchemaError, or a schema shape this module did not expect
+        log.warning("ws_transport: parsing with the SDK's own parser (the fast validator failed to build: %s)", exc)
+        return None
+    return validator
 
 
 def parse_union(union: Any, data: Any) -> Any:
@@ -151,9 +167,9 @@ def _union_validator(union: Any) -> SchemaValidator | None:
     target = union
     while typing.get_origin(target) is typing.Annotated:
         target = typing.get_args(target)[0]
-    if not _is_union(_unwrap(target)) or pydantic.VERSION.startswith("1."):
+    if PYDANTIC_V1 or not _is_union(_unwrap(target)):
         return None
-    return SchemaValidator(tagged_schema(pydantic.TypeAdapter(target).core_schema))  # type: ignore[arg-type]
+    return _built(lambda: SchemaValidator(tagged_schema(pydantic.TypeAdapter(target).core_schema)))  # type: ignore[arg-type]
 
 
 def tagged_schema(schema: Any) -> Any:
