@@ -119,6 +119,52 @@ def test_fuzzed_websocket_frames_never_get_server_error_and_the_connection_stays
     assert len(server.shim.connections) <= 1
 
 
+steer_items = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call_output"]) | json_values,
+        "role": st.sampled_from(["user", "assistant"]) | json_values,
+        "content": st.text(max_size=30)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["input_text", "input_image", "output_text"])},
+                optional={"text": st.text(max_size=10) | json_values, "extra": json_values | deep_values},
+            ),
+            max_size=3,
+        )
+        | json_values
+        | deep_values,
+    },
+)
+steer_frames = st.fixed_dictionaries(
+    {},
+    optional={
+        "previous_response_id": st.just("resp_gone") | json_values | deep_values,
+        "input": st.text(max_size=30) | st.lists(steer_items, max_size=4) | json_values | deep_values,
+        "stream_id": st.just("lane-1") | json_values,
+        "extra": json_values | deep_values,
+    },
+).map(lambda body: _dumps({"type": "response.steer", **body}))
+
+
+def test_fuzzed_steer_frames_get_one_answer_each_and_never_cost_the_connection(make_server):
+    """Each `response.steer` is answered at once with one event (a refusal here: no response runs), whatever
+    its input holds (deep values included, which once dropped the connection: its echo could not be encoded)."""
+    server = make_server(max_frame_bytes=64 * 1024)
+    with connect(ws_url(server), additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+
+        @EXAMPLES
+        @given(frame=steer_frames)
+        def one(frame: bytes) -> None:
+            ws.send(frame.decode())
+            event = json.loads(ws.recv(timeout=10))
+            assert event["type"] in ("response.steer.failed", "error"), (frame, event)
+            assert event["error"]["code"] not in ("server_error", "event_encoding_failed"), (frame, event)
+
+        one()
+        _usable(ws)
+
+
 def test_fuzzed_http_bodies_never_get_a_500(make_server):
     server = make_server(max_body_bytes=64 * 1024)
     with httpx2.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10) as http:
