@@ -21,6 +21,7 @@ each a plain decision on the request's method and headers (no I/O):
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class BrowserGuard:
     hosts: frozenset[str]
     loopback_only: bool
 
+    @property
+    def any_origin(self) -> bool:
+        return "*" in self.origins
+
     @classmethod
     def build(cls, bind_host: str, allowed_origins: Iterable[str], allowed_hosts: Iterable[str]) -> BrowserGuard:
         hosts = frozenset(host_name(h) if h != "*" else h for h in allowed_hosts)
@@ -69,26 +74,28 @@ class BrowserGuard:
 
     def refusal(self, method: str, headers: Iterable[tuple[bytes, bytes]]) -> APIError | None:
         """Why this request (its method and raw headers, as ASGI gives them) is refused, or None."""
-        origin = host = content_type = None
-        has_body = False
-        for name, value in headers:
-            if name == b"origin":
-                origin = value.decode("latin-1")
-            elif name == b"host":
-                host = value.decode("latin-1")
-            elif name == b"content-type":
-                content_type = value.decode("latin-1")
-            elif name == b"content-length":
-                has_body = value.strip() not in (b"0", b"")
-            elif name == b"transfer-encoding":
-                has_body = True
-        if origin is not None and "*" not in self.origins and _origin(origin) not in self.origins:
-            return _origin_refused(origin)
-        if host is not None and not self._host_allowed(host_name(host)):
-            return _host_refused(host)
-        if method == "POST" and has_body and content_type is not None and not is_json(content_type):
-            return _not_json(content_type)
+        named = dict(headers)  # one C-level pass: a repeated header counts by its last value
+        origin = named.get(b"origin")
+        if origin is not None and not self.any_origin and _origin(origin.decode("latin-1")) not in self.origins:
+            return _origin_refused(origin.decode("latin-1"))
+        host = named.get(b"host")
+        if host is not None and not self._host_value_allowed(host):
+            return _host_refused(host.decode("latin-1"))
+        if method == "POST":
+            content_type = named.get(b"content-type")
+            if (
+                content_type is not None
+                and content_type != b"application/json"
+                and not is_json(content_type.decode("latin-1"))
+                and _has_body(named)
+            ):
+                return _not_json(content_type.decode("latin-1"))
         return None
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - a guard lives as long as its app
+    def _host_value_allowed(self, value: bytes) -> bool:
+        """Per raw Host value (a client sends the same one on every request), so each is parsed once."""
+        return self._host_allowed(host_name(value.decode("latin-1")))
 
     def _host_allowed(self, host: str) -> bool:
         """Loopback names always (a rebinding attack brings a name of its own), listed ones, and any other only
@@ -96,6 +103,11 @@ class BrowserGuard:
         if host in COMMON_LOOPBACK or host in self.hosts or "*" in self.hosts or is_loopback(host):
             return True
         return not self.loopback_only and not self.hosts
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    length = headers.get(b"content-length")
+    return b"transfer-encoding" in headers or (length is not None and length.strip() not in (b"0", b""))
 
 
 def is_json(content_type: str) -> bool:

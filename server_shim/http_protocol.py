@@ -9,8 +9,8 @@ here add three timers and a connection count, nothing per event:
   or of the previous response ending; else 408 `request_timeout` and the connection is closed;
 - body: an announced body must arrive within `http_body_timeout_s` of its head; else 408 (the app
   sees the client gone, so the request is dropped) and the connection is closed;
-- send: a response that cannot be written for `send_timeout_s` (the client does not read, its
-  socket buffers are full) ends with the connection aborted: a streaming response is cancelled
+- send: a response of which nothing can be written for `send_timeout_s` (the client does not read,
+  its socket buffers are full; a slow reader that drains some keeps going) ends with the connection aborted: a streaming response is cancelled
   like one whose client went away, which frees its backend request and slot;
 - at most `max_http_connections` open HTTP connections per process: a request on one beyond gets
   503 `server_overloaded` with `Retry-After`. WebSocket connections are counted by the app's own
@@ -20,7 +20,9 @@ here add three timers and a connection count, nothing per event:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -33,6 +35,14 @@ from .errors import APIError
 from .http import error_response
 
 log = logging.getLogger("responses_ws.http")
+
+if sys.platform == "linux":
+    import fcntl
+    import termios
+
+    _SIOCOUTQ: int | None = termios.TIOCOUTQ
+else:
+    _SIOCOUTQ = None
 
 
 @dataclass
@@ -77,6 +87,7 @@ class DeadlineMixin:
     _timer_kind = ""
     _timed_cycle: Any = None
     _send_timer: asyncio.TimerHandle | None = None
+    _unsent = 0
     _counted = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -112,7 +123,11 @@ class DeadlineMixin:
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self._limits.send_timeout_s, self._not_reading)
+            self._watch_sending()
+
+    def _watch_sending(self) -> None:
+        self._unsent = unsent_bytes(self.transport)
+        self._send_timer = self.loop.call_later(self._limits.send_timeout_s, self._not_reading)
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
@@ -175,16 +190,32 @@ class DeadlineMixin:
         self.transport.close()
 
     def _not_reading(self) -> None:
-        """Nothing could be written for `send_timeout_s`: the client does not read. Abort the socket (a
-        graceful close would wait for the buffer to drain); the response is cancelled as for a client gone."""
+        """Writing has been paused for `send_timeout_s`. A client that read some of it since (a slow link,
+        a large body written at once) gets another period; one that read nothing does not read: abort the
+        socket (a graceful close would wait for the buffer to drain), which cancels the response as for a
+        client gone."""
         self._send_timer = None
         if self.transport.is_closing():
+            return
+        if unsent_bytes(self.transport) < self._unsent:
+            self._watch_sending()
             return
         log.warning(
             "HTTP client %s not reading for %.0f s; closing", _peer(self.transport), self._limits.send_timeout_s
         )
         metrics.CLOSED_CONNECTIONS.labels("http", "slow_reader").inc()
         self.transport.abort()
+
+
+def unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written but not yet taken by the client: the transport's buffer, plus the kernel's send queue
+    where it can be read (Linux `SIOCOUTQ`), which holds hundreds of KiB and frees space in large steps."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if _SIOCOUTQ is not None and sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            size += int.from_bytes(fcntl.ioctl(sock.fileno(), _SIOCOUTQ, bytes(4)), sys.byteorder, signed=True)
+    return size
 
 
 def _peer(transport: asyncio.Transport) -> str:

@@ -138,6 +138,24 @@ def test_a_stream_client_that_stops_reading_frees_its_slot(make_server, route: s
     assert all(d["in_flight"] == 0 for d in ready["deployments"].values())  # type: ignore[index]
 
 
+def test_a_slow_stream_reader_that_keeps_reading_is_not_cut(make_server) -> None:
+    """Reading 4 KB every 0.2 s keeps the socket's buffers full for longer than the send timeout at a
+    time, but something drains in each period: that client is slow, not gone."""
+    server = make_server(send_timeout_s=1.0)
+    data = json.dumps({"model": MODEL, "input": "hi", "stream": True, "store": False, "max_output_tokens": 32768})
+    before = closed("slow_reader")
+    received = 0
+    with raw(server, post_head("/v1/responses", len(data)) + data.encode(), rcvbuf=4096) as sock:
+        until = time.monotonic() + 4
+        while time.monotonic() < until:
+            chunk = sock.recv(4096)
+            assert chunk, f"closed after {received} bytes"
+            received += len(chunk)
+            time.sleep(0.2)
+    assert closed("slow_reader") == before
+    assert received > 40_000
+
+
 def test_http_connections_beyond_the_cap_get_503_until_one_closes(make_server) -> None:
     server = make_server(max_http_connections=2, http_header_timeout_s=30)
     with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
