@@ -55,13 +55,13 @@ def freeze_startup_heap() -> None:
 def allocator_line(pythonmalloc: str | None) -> str:
     """The start-up line on memory after bursts, from the `PYTHONMALLOC` the process started with.
 
-    With Python's own allocator (pymalloc) the RSS of a burst of clients mostly stays after they
-    leave: a few long-lived values updated during the burst pin its arenas. The C allocator's free
-    pages go back with the trim (README, "Load").
+    With Python's own allocator (pymalloc) part of the RSS of a burst of clients stays after they
+    leave: the objects of the loops that run while idle, re-made during the burst in its memory,
+    keep some of its arenas. The C allocator's free pages go back with the trim (README, "Load").
     """
     if (pythonmalloc or "").startswith("malloc"):
         return "memory: PYTHONMALLOC=malloc: memory freed after a burst of clients goes back to the system"
-    return "memory: Python's allocator keeps most of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
+    return "memory: Python's allocator keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
 
 
 GC_SHARE = 0.01
