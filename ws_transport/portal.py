@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import _http
 from .errors import SessionClosed
@@ -35,30 +35,12 @@ class Portal:
         return self._loop is not None
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on).
+        """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on)."""
+        return self.submit(coro).result(timeout)
 
-        One lock is the whole hand-over: cheaper than `run_coroutine_threadsafe`'s future, condition
-        and chained callbacks, which cost a direct turn as much as the wire did."""
-        loop = self._loop_for(coro)
-        finished = threading.Lock()
-        finished.acquire()
-        tasks: list[asyncio.Task[T]] = []
-
-        def start() -> None:
-            task = loop.create_task(coro)
-            task.add_done_callback(lambda _: finished.release())
-            tasks.append(task)
-
-        loop.call_soon_threadsafe(start)
-        if not finished.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError(f"the portal's call did not finish in {timeout} s")
-        if tasks[0].cancelled():  # as `run_coroutine_threadsafe`'s future reports it
-            raise concurrent.futures.CancelledError
-        return tasks[0].result()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Start `coro` on the loop; cancelling the returned future cancels it there."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop_for(coro))
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Handoff[T]:
+        """Start `coro` on the loop; its task is cancelled there by whoever holds it (a closing stream)."""
+        return Handoff(self._loop_for(coro), coro)
 
     def _loop_for(self, coro: Coroutine[Any, Any, Any]) -> asyncio.AbstractEventLoop:
         """The running loop `coro` may be handed to from this thread (else `coro` is closed and this raises)."""
@@ -108,6 +90,35 @@ class Portal:
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
+
+
+class Handoff(Generic[T]):
+    """A coroutine run as a task on the portal's loop, its outcome waited for from another thread.
+
+    One lock is the whole hand-over: `run_coroutine_threadsafe`'s future, condition and chained
+    callbacks cost a direct turn as much as the wire did, and a streamed turn as much once per event.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
+        self._finished = threading.Lock()
+        self._finished.acquire()
+        self._task: asyncio.Task[T] | None = None
+        loop.call_soon_threadsafe(self._start, loop, coro)
+
+    def _start(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
+        self._task = loop.create_task(coro)
+        self._task.add_done_callback(lambda _: self._finished.release())
+
+    def result(self, timeout: float | None = None) -> T:
+        """The coroutine's result or exception; `concurrent.futures.CancelledError` when its task was
+        cancelled (as `run_coroutine_threadsafe`'s future reports it); `TimeoutError` after `timeout`."""
+        if not self._finished.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"the portal's call did not finish in {timeout} s")
+        self._finished.release()  # finished for good: a later call answers at once
+        assert self._task is not None
+        if self._task.cancelled():
+            raise concurrent.futures.CancelledError
+        return self._task.result()
 
 
 class AsyncChunks(Protocol):
