@@ -208,3 +208,24 @@ def test_any_change_to_what_the_sdk_builds_headers_from_sends_the_next_turn_thro
         client.responses.create(model=MODEL, input="direct again")
         assert len(requests.urls) == 3
         assert requests.headers[-1].get("x-team") == "blue"
+
+
+class Uncomparable:
+    """An attribute a caller hung on the client whose `==` raises (as a numpy array's truth value does)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = object.__hash__
+
+
+def test_an_attribute_that_cannot_be_compared_only_makes_the_key_worked_out_again(server: BackgroundServer) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        client.responses.create(model=MODEL, input="hello")
+        client.tracer = Uncomparable()  # type: ignore[attr-defined]
+        client.responses.create(model=MODEL, input="direct")
+        client.tracer = Uncomparable()  # type: ignore[attr-defined]
+        response = client.responses.create(model=MODEL, input="still direct")
+        assert response.status == "completed"
+    assert len(requests.urls) == 1

@@ -68,7 +68,7 @@ class DirectPath:
         the SDK builds its default headers afresh on every request, which cost more than a whole floor turn.
         """
         state = _sdk.client_state(self.client)
-        if state != self._state:
+        if not _same(state, self._state):
             self._state, self._key = state, _sdk.request_key(self.client)
         return self._key
 
@@ -125,6 +125,14 @@ class DirectPath:
             return None
         response: dict[str, Any] = kept[-1]["response"]
         return response
+
+
+def _same(state: Any, before: Any) -> bool:
+    """`state == before`; False where an attribute's `==` raises (then the key is worked out again)."""
+    try:
+        return bool(state == before)
+    except Exception:
+        return False
 
 
 def read_timeout(timeout: Any) -> float | None:
