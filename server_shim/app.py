@@ -246,6 +246,7 @@ def build_store(settings: Settings) -> ResponseStore:
             tenant_max_responses=settings.store_tenant_max_responses,
             tenant_max_bytes=settings.store_tenant_max_bytes,
         )
+    from .redis_quota import TenantQuota
     from .redis_store import RedisResponseStore
 
     return RedisResponseStore(
@@ -253,6 +254,7 @@ def build_store(settings: Settings) -> ResponseStore:
         ttl_s=settings.store_ttl_s,
         max_entry_bytes=settings.store_max_entry_bytes,
         timeout_s=settings.store_timeout_s,
+        quota=TenantQuota(settings.store_tenant_max_responses, settings.store_tenant_max_bytes),
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ import orjson
 
 from .errors import store_unavailable
 from .history import History
+from .redis_quota import ACCOUNT, FORGET, NO_QUOTA, TenantQuota
 from .state import ResponseState
 from .tools import chat_tools
 
@@ -162,7 +164,7 @@ class RedisResponseStore:
     `ttl_s` bounds how long a response can be continued; `max_entry_bytes` bounds one response with
     its history (a larger one is not stored and a warning is logged; its connection can still
     continue it). Total memory is Redis's own business: set `maxmemory` with `volatile-lru`, every
-    key has a TTL. A turn appends its messages to its parent's history list when it continues the
+    key has a TTL; `quota` bounds each tenant's share (see `redis_quota`). A turn appends its messages to its parent's history list when it continues the
     list's newest response (which this process saved or loaded); a fork, or a parent it does not
     know, starts a list of its own.
     """
@@ -176,6 +178,7 @@ class RedisResponseStore:
         timeout_s: float = 2.0,
         prefix: str = "responses-ws:",
         known: int = 10_000,
+        quota: TenantQuota = NO_QUOTA,
     ) -> None:
         self.url = url
         self.ttl_ms = max(1, int(ttl_s * 1000))
@@ -185,6 +188,9 @@ class RedisResponseStore:
         self._redis = connect(url, timeout_s)
         self._save_script = self._redis.register_script(_SAVE)
         self._load_script = self._redis.register_script(_LOAD)
+        self.quota = quota
+        self._account_script = self._redis.register_script(ACCOUNT)
+        self._forget_script = self._redis.register_script(FORGET)
         self._known: OrderedDict[str, _Where] = OrderedDict()
         self._known_max = known
 
@@ -226,7 +232,16 @@ class RedisResponseStore:
         )
         if written:
             self._remember(state.id, _where(history_key, state.history))
+            if self.quota.on:
+                appended = sum(len(fragment) for fragment in fragments)
+                await self._account(state, len(entry), appended, history_key)
         return bool(written)
+
+    async def _account(self, state: ResponseState, entry: int, appended: int, history_key: str) -> None:
+        """Count the saved response against its tenant's quota, dropping that tenant's oldest beyond it."""
+        args = self.quota.account_args(state.id, int(time.time() * 1000), entry, appended, history_key)
+        keys = TenantQuota.keys(self.prefix, state.tenant)
+        await self._call("save", self._account_script(keys=keys, args=[*args, self._key(""), self.ttl_ms]))
 
     async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
         found = await self._call("load", self._load_script(keys=[self._key(response_id)]))
@@ -253,6 +268,9 @@ class RedisResponseStore:
         if await self.load(response_id, tenant) is None:
             return False
         self._known.pop(response_id, None)
+        if self.quota.on:
+            keys = TenantQuota.keys(self.prefix, tenant)
+            await self._call("delete", self._forget_script(keys=keys, args=[response_id]))
         return bool(await self._call("delete", self._redis.delete(self._key(response_id))))
 
     async def ping(self) -> bool:

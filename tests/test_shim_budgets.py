@@ -25,6 +25,8 @@ from websockets.asyncio.client import connect as ws_connect
 import ws_transport
 from server_shim.admission import ConnectionGate, tenant_connection_cap
 from server_shim.budgets import CacheBudget, default_cache_budget
+from server_shim.redis_quota import TenantQuota
+from server_shim.redis_store import RedisResponseStore
 from server_shim.state import MemoryResponseStore, ResponseState
 
 MB = 1024 * 1024
@@ -316,3 +318,49 @@ async def test_over_http_one_tenants_large_stores_do_not_evict_anothers_response
         assert (await bob.responses.retrieve(kept.id)).id == kept.id
         again = await bob.responses.create(model=MODEL, input="and?", previous_response_id=kept.id)
         assert again.status == "completed"
+
+
+async def test_on_redis_a_tenant_over_its_quota_drops_its_own_oldest_and_its_history(redis_server):
+    """Attack finding 6 on the shared store: a quota per tenant (Redis's LRU alone evicts anyone's)."""
+    quota = TenantQuota(max_responses=3, max_bytes=200_000)
+    store = RedisResponseStore(redis_server.url, quota=quota, prefix="q:")
+    try:
+        await store.save(stored("bob-1", "bob"))
+        for n in range(5):
+            await store.save(stored(f"alice-{n}", "alice"))
+        assert [await store.load(f"alice-{n}", "alice") is not None for n in range(5)] == [False] * 2 + [True] * 3
+        assert await store.load("bob-1", "bob") is not None, "bob's response is never alice's to drop"
+        for n in range(5, 9):  # 60 KB each: the byte quota holds three
+            await store.save(stored(f"alice-{n}", "alice", "a" * 60_000))
+        kept = [n for n in range(9) if await store.load(f"alice-{n}", "alice") is not None]
+        assert kept == [6, 7, 8] and await store.load("bob-1", "bob") is not None
+        raw = store._redis
+        assert not await raw.exists("q:hist:alice-0"), "a dropped response's own history went with it"
+        held = int(await raw.get("q:tenant:alice:bytes"))
+        assert 180_000 < held <= 200_000
+        assert await store.delete("alice-8", "alice")
+        assert int(await raw.get("q:tenant:alice:bytes")) < held - 60_000
+    finally:
+        await store.aclose()
+
+
+async def test_over_http_on_redis_a_tenants_quota_keeps_its_newest_conversation_and_anothers_response(
+    make_server, redis_server
+):
+    server = make_server(api_keys=["alice k1", "bob k2"], store=redis_server.url, store_tenant_max_responses=3)
+    bob = AsyncOpenAI(base_url=server.base_url, api_key="k2", max_retries=0)
+    alice = AsyncOpenAI(base_url=server.base_url, api_key="k1", max_retries=0)
+    async with bob, alice:
+        kept = await bob.responses.create(model=MODEL, input="bob's state")
+        previous = None
+        ids = []
+        for n in range(6):  # one chained conversation: its older responses go, its shared history stays
+            response = await alice.responses.create(model=MODEL, input=f"turn {n}", previous_response_id=previous)
+            previous = response.id
+            ids.append(previous)
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.retrieve(ids[0])
+        assert (await alice.responses.retrieve(ids[-1])).id == ids[-1]
+        on = await alice.responses.create(model=MODEL, input="and on", previous_response_id=ids[-1])
+        assert on.status == "completed"
+        assert (await bob.responses.retrieve(kept.id)).id == kept.id
