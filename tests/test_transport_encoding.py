@@ -108,6 +108,7 @@ PLAIN: dict[str, Callable[[], Any]] = {
     "tuples": lambda: [{"role": "user", "content": ({"type": "input_text", "text": "a"},)}],
     "str enum": lambda: [{"role": "user", "content": Color.RED}],
     "numbers": lambda: output([1, -(2**63), 2**64 - 1, 0.1, 1e16, 1.5e-7, True, None]),
+    "nested as deep as orjson writes": lambda: output(nested(250, "x")),
 }
 NOT_PLAIN: dict[str, Callable[[], Any]] = {
     "an iterator of parts": lambda: [{"role": "user", "content": iter([{"type": "input_text", "text": "a"}])}],
@@ -125,6 +126,12 @@ NOT_PLAIN: dict[str, Callable[[], Any]] = {
 }
 
 
+def nested(depth: int, value: Any) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def outcome(encode: Callable[[], Any]) -> Any:
     """The JSON sent, or the exception raised instead (type and message)."""
     try:
@@ -138,6 +145,11 @@ def test_encoded_items_equal_what_the_sdk_sends_or_fail_as_it_fails(name: str) -
     make = {**PLAIN, **NOT_PLAIN}[name]
     ours = outcome(lambda: orjson.loads(encode_items(make())))
     assert ours == outcome(lambda: sdk_input(make()))
+
+
+def test_json_nested_deeper_than_orjson_writes_is_encoded_or_refused_as_the_sdk_does() -> None:
+    items = output(nested(300, "x"))
+    assert outcome(lambda: orjson.loads(encode_items(items))) == outcome(lambda: sdk_input(items))
 
 
 @pytest.mark.parametrize("name", list(PLAIN))

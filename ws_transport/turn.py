@@ -39,7 +39,10 @@ def encode_items(items: Any) -> bytes:
     items of a chained turn, never the history.
     """
     if is_plain(items):
-        return orjson.dumps(items, default=_dump_model)
+        try:
+            return orjson.dumps(items, default=_dump_model)
+        except orjson.JSONEncodeError:  # nested deeper than orjson writes: the SDK's encoder decides, as over HTTP
+            pass
     return _sdk.input_json(items)
 
 
