@@ -49,6 +49,10 @@ LONG_TOKENS = 64
 COMPLETED = b'{"type":"response.completed"'
 FAILED = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.incomplete"')
 SERVERS = ("floor", "shim")
+AFTER_CLOSES_S = 1.5
+"""Wait before each shim run: the shim trims once per burst of connection closes (`server_shim/trim.py`:
+a full collection and the attribute cache emptied, 1 s after the last close), a cost per burst that
+would otherwise land in whichever run comes next."""
 
 
 class Frames:
@@ -163,6 +167,8 @@ async def _run(out_dir: Path, workloads: dict[str, tuple[int, int, int]], repeat
                     order = SERVERS if repeat % 2 == 0 else SERVERS[::-1]
                     for name in order:
                         url, pid = servers[name]
+                        if name == "shim":  # its after-burst trim, due 1 s after the last run's closes, goes first
+                            await asyncio.sleep(AFTER_CLOSES_S)
                         sample = await measure(url, pid, Frames(tokens), connections, turns)
                         samples[workload][name].append(sample)
                 progress(f"floor: repeat {repeat + 1}/{repeats} done")
