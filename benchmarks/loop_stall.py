@@ -42,6 +42,7 @@ import orjson
 
 from server_shim import json_slices
 
+from .attack_frames import ATTACK_KINDS, ATTACK_MODES, SERVER_MODES, attack_frames
 from .common import Subprocess, free_port, machine_info
 from .load import COMPLETED, FAILED, MODEL, _open
 
@@ -71,9 +72,12 @@ def report(*_):
     with open(out, "a") as f: f.write(f"{longest[0] * 1000:.3f} {longest[1] * 1000:.3f}\\n")
 def switch(*_):
     mode = open(mode_file).read().strip()
+    walks(mode)
+    mode = "sliced" if mode in ("before", "after") else mode
     yields = mode != "yields_off"
     limits.LARGE_ITEMS, limits.LARGE_FRAME_BYTES = (256, 256 * 1024) if yields else (10**12, 10**15)
     json_slices.parse_in_slices = sliced if mode == "sliced" else (lambda nbytes, threshold: False)
+MODES_HERE
 signal.signal(signal.SIGUSR1, reset)
 signal.signal(signal.SIGUSR2, report)
 signal.signal(signal.SIGHUP, switch)
@@ -112,11 +116,13 @@ def frames() -> dict[str, bytes]:
     return {"text_3mb": frame("x" * 3_000_000), "items_60k": frame(items(60_000)), "items_5k": frame(items(5_000))}
 
 
-async def measure(rounds: int, work: Path) -> dict[str, Any]:
+async def measure(rounds: int, work: Path, attack_rounds: int = 0) -> dict[str, Any]:
+    """`rounds` of the large frames in the three modes, then `attack_rounds` of the attack frames before
+    and after `max_json_values` (one frame per phase: before, the largest holds the loop for seconds)."""
     port, out, mode_file, stop = free_port(), work / "stalls.txt", work / "mode", work / "stop"
-    kinds = frames()
+    kinds, attacks = frames(), attack_frames()
     phases: list[tuple[str, str, float, float]] = []  # kind, mode, start, end (monotonic)
-    cmd = [sys.executable, "-c", SERVER, str(port), str(out), str(mode_file)]
+    cmd = [sys.executable, "-c", SERVER.replace("MODES_HERE", SERVER_MODES), str(port), str(out), str(mode_file)]
     url = f"ws://127.0.0.1:{port}/v1/responses"
     env = {**_env(), "RESPONSES_WS_MAX_JSON_VALUES": str(10**7)}  # the 60,000 items parsed, as in the issue
     with Subprocess(cmd, ready_url=f"http://127.0.0.1:{port}/healthz", log_path=work / "server.log", env=env) as server:
@@ -136,12 +142,25 @@ async def measure(rounds: int, work: Path) -> dict[str, Any]:
                         proc.send_signal(signal.SIGHUP)
                         for name, data in kinds.items():
                             phases.append((name, mode, *(await _phase(proc, ws, data))))
+                split = len(phases)
+                for n in range(attack_rounds):
+                    phases.append(("alone", "-", *(await _alone())))
+                    for mode in ATTACK_MODES if n % 2 == 0 else ATTACK_MODES[::-1]:
+                        mode_file.write_text(mode)
+                        proc.send_signal(signal.SIGHUP)
+                        for name, data in attacks.items():
+                            phases.append((name, mode, *(await _phase(proc, ws, data, frames=1))))
         finally:
             stop.write_text("")
             await asyncio.wait_for(second.wait(), 30)
     stalls = iter(tuple(map(float, line.split())) for line in out.read_text().splitlines())
     turns = [tuple(map(float, line.split())) for line in (work / "second.txt").read_text().splitlines()]
-    return _summary(rounds, phases, stalls, turns)
+    result = _summary(rounds, phases[:split], stalls, turns, KINDS, MODES) if rounds else {}
+    if rounds:
+        result["parse"] = {name: parse_cost(data) for name, data in frames().items()}
+    if attack_rounds:
+        result["attack"] = _summary(attack_rounds, phases[split:], stalls, turns, ATTACK_KINDS, ATTACK_MODES)
+    return result
 
 
 def _env() -> dict[str, str]:
@@ -164,11 +183,11 @@ async def _alone() -> tuple[float, float]:
     return start, time.monotonic()
 
 
-async def _phase(proc: Any, ws: Any, data: bytes) -> tuple[float, float]:
+async def _phase(proc: Any, ws: Any, data: bytes, frames: int = FRAMES) -> tuple[float, float]:
     proc.send_signal(signal.SIGUSR1)
     await asyncio.sleep(0.2)
     start = time.monotonic()
-    for _ in range(FRAMES):
+    for _ in range(frames):
         await ws.send(data, text=True)
         while not (await ws.recv(decode=False)).startswith((COMPLETED, *FAILED)):
             pass
@@ -178,14 +197,18 @@ async def _phase(proc: Any, ws: Any, data: bytes) -> tuple[float, float]:
     return start, end
 
 
-def _summary(rounds: int, phases: list[Any], stalls: Any, turns: list[tuple[float, ...]]) -> dict[str, Any]:
+def _summary(
+    rounds: int, phases: list[Any], stalls: Any, turns: list[tuple[float, ...]], kinds: Any, modes: Any
+) -> dict[str, Any]:
+    """Stalls and B's turns by kind and mode; `stalls` is the server's report, one line per phase in order
+    (an iterator shared by the calls, taken in the order the phases ran)."""
     result: dict[str, Any] = {
         "rounds": rounds,
         "machine": machine_info(),
         "load_average": os.getloadavg(),
-        "stall_ms": {kind: {mode: [] for mode in MODES} for kind in KINDS},
-        "stall_cpu_ms": {kind: {mode: [] for mode in MODES} for kind in KINDS},
-        "second_ms": {"alone": [], **{kind: {mode: [] for mode in MODES} for kind in KINDS}},
+        "stall_ms": {kind: {mode: [] for mode in modes} for kind in kinds},
+        "stall_cpu_ms": {kind: {mode: [] for mode in modes} for kind in kinds},
+        "second_ms": {"alone": [], **{kind: {mode: [] for mode in modes} for kind in kinds}},
     }
     for kind, mode, start, end in phases:
         latencies = [(done - sent) * 1000 for sent, done in turns if start <= sent <= end]
@@ -202,7 +225,6 @@ def _summary(rounds: int, phases: list[Any], stalls: Any, turns: list[tuple[floa
     second = result.pop("second_ms")
     result["second"] = {"alone": _percentiles(second.pop("alone"))}
     result["second"].update({k: {m: _percentiles(v) for m, v in by_mode.items()} for k, by_mode in second.items()})
-    result["parse"] = {name: parse_cost(data) for name, data in frames().items()}
     return result
 
 
@@ -253,50 +275,64 @@ def parse_cost(data: bytes, repeat: int = 5) -> dict[str, Any]:
     }
 
 
-def table(result: dict[str, Any]) -> str:
+def table(result: dict[str, Any], kinds: Any = KINDS, modes: Any = MODES) -> str:
     def ms(value: float) -> str:
         return f"{value:6.1f}"
 
-    lines = [f"{'':30s}" + "".join(f"{mode:>27s}" for mode in MODES)]
+    lines = [f"{'':30s}" + "".join(f"{mode:>27s}" for mode in modes)]
     for name, what in (("stall", "wall clock"), ("stall_cpu", "the loop thread's CPU time")):
         lines.append(f"longest loop stall, {what}, ms (median / min / max of {result['rounds']})")
-        for kind in KINDS:
-            cells = [result[name][kind][mode] for mode in MODES]
+        for kind in kinds:
+            cells = [result[name][kind][mode] for mode in modes]
             lines.append(
                 f"{kind:30s}" + "".join(f"{ms(c['median_ms'])} /{ms(c['min_ms'])} /{ms(c['max_ms'])}   " for c in cells)
             )
     lines.append("second connection's turns, ms (p50 / p99 / max, turns)")
     alone = result["second"]["alone"]
     lines.append(f"{'alone':30s}{ms(alone['p50_ms'])} /{ms(alone['p99_ms'])} /{ms(alone['max_ms'])}  {alone['turns']}")
-    for kind in KINDS:
-        cells = [result["second"][kind][mode] for mode in MODES]
+    for kind in kinds:
+        cells = [result["second"][kind][mode] for mode in modes]
         lines.append(
             f"{kind:30s}"
             + "".join(f"{ms(c['p50_ms'])} /{ms(c['p99_ms'])} /{ms(c['max_ms'])} {c['turns']:4d} " for c in cells)
         )
-    lines.append("parse alone, CPU ms (median of 5): orjson / sliced, steps, longest step")
-    for kind in KINDS:
-        p = result["parse"][kind]
-        lines.append(
-            f"{kind:30s}{ms(p['orjson_cpu_ms'])} /{ms(p['sliced_cpu_ms'])}   {p['steps']:4d} steps, "
-            f"longest {p['longest_step_cpu_ms']:.2f}"
-        )
+    if "parse" in result:
+        lines.append("parse alone, CPU ms (median of 5): orjson / sliced, steps, longest step")
+        for kind in kinds:
+            p = result["parse"][kind]
+            lines.append(
+                f"{kind:30s}{ms(p['orjson_cpu_ms'])} /{ms(p['sliced_cpu_ms'])}   {p['steps']:4d} steps, "
+                f"longest {p['longest_step_cpu_ms']:.2f}"
+            )
     lines.append(f"load average {result['load_average'][0]:.1f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_stall", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, help="write loop-stall.json and loop-stall.txt there")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the large frames (0: none)")
+    parser.add_argument(
+        "--attack-rounds",
+        type=int,
+        default=2,
+        help="rounds of the attack frames, before/after max_json_values (0: none)",
+    )
+    parser.add_argument("--out", type=Path, help="write loop-stall.json/.txt and loop-stall-attack.json/.txt there")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        result = asyncio.run(measure(args.rounds, Path(tmp)))
-    print(table(result))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "loop-stall.json").write_text(json.dumps(result, indent=1))
-        (args.out / "loop-stall.txt").write_text(table(result) + "\n")
+        result = asyncio.run(measure(args.rounds, Path(tmp), args.attack_rounds))
+    attack = result.pop("attack", None)
+    outputs = []
+    if args.rounds:
+        outputs.append(("loop-stall", result, table(result)))
+    if attack is not None:
+        outputs.append(("loop-stall-attack", attack, table(attack, ATTACK_KINDS, ATTACK_MODES)))
+    for name, values, text in outputs:
+        print(text)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{name}.json").write_text(json.dumps(values, indent=1))
+            (args.out / f"{name}.txt").write_text(text + "\n")
     return 0
 
 

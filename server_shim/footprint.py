@@ -8,8 +8,9 @@ counted once, short dict keys (shared by the JSON decoder's key cache) are not c
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 SHARED_KEY_CHARS = 64
@@ -35,6 +36,11 @@ def _longest_key(node: dict) -> int:
         return SHARED_KEY_CHARS + 1
 
 
+STEP_CONTAINERS = 1_000
+"""Containers sized between pauses of `footprint_in_slices` (~1-5 ms here): a request's tools or items can
+hold ~100,000 values (`max_json_values`), ~100 ms of walking in one go."""
+
+
 def footprint(value: Any, known: Mapping[int, int] | None = None) -> int:
     """Bytes held by a JSON-like value (dicts, lists, tuples, str, bytes, numbers); iterative.
 
@@ -42,7 +48,28 @@ def footprint(value: Any, known: Mapping[int, int] | None = None) -> int:
     built-in types through their `__sizeof__` (`sys.getsizeof` only for anything else). `known`:
     the footprints of containers that never change (by `id`), taken as they are instead of walked.
     """
-    total = 0
+    steps = footprint_steps(value, known, 0)
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    raise AssertionError("footprint_steps paused with step 0")
+
+
+async def footprint_in_slices(value: Any) -> int:
+    """`footprint`, giving way to the event loop after every `STEP_CONTAINERS` containers."""
+    steps = footprint_steps(value, None, STEP_CONTAINERS)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+def footprint_steps(value: Any, known: Mapping[int, int] | None, step: int) -> Generator[None, None, int]:
+    """The walk behind `footprint`, pausing (yielding None) after every `step` containers (0: never)."""
+    total, countdown = 0, step
     seen: set[int] = set()
     stack = [value]
     getsizeof = sys.getsizeof
@@ -59,6 +86,10 @@ def footprint(value: Any, known: Mapping[int, int] | None = None) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        countdown -= 1
+        if countdown == 0:
+            countdown = step
+            yield
         if known and id(node) in known:
             total += known[id(node)]
             continue

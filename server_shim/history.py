@@ -33,7 +33,7 @@ class History:
 
     __slots__ = ("_renderings", "batches", "count", "items_held", "nbytes", "own", "parent")
 
-    def __init__(self, parent: History | None = None, own: tuple[Item, ...] = ()) -> None:
+    def __init__(self, parent: History | None = None, own: tuple[Item, ...] = (), own_held: int | None = None) -> None:
         self.parent = parent
         self.own = own
         """This node's batch."""
@@ -42,8 +42,10 @@ class History:
         self.batches: int = (parent.batches if parent else 0) + (1 if own else 0)
         self.nbytes: int = (parent.nbytes if parent else 0) + sum(len(orjson.dumps(item)) + 1 for item in own)
         """JSON size of the whole chain: what token estimates use."""
-        self.items_held: int = (parent.items_held if parent else 0) + (footprint(own) if own else 0)
-        """Memory the chain's items hold (see `footprint`)."""
+        if own_held is None:
+            own_held = footprint(own) if own else 0
+        self.items_held: int = (parent.items_held if parent else 0) + own_held
+        """Memory the chain's items hold (see `footprint`; `own_held`: the batch's, when measured already)."""
         self._renderings: tuple[tuple[str, int, Any], ...] = parent._renderings if parent else ()
         """(key, batches covered, rendering) per renderer: a tuple shared with the parent until this node
         renders (a dict per node cost ~200 bytes a turn)."""
@@ -95,11 +97,12 @@ class History:
             node = node.parent
         return tuple(item for batch in reversed(tail) for item in batch)
 
-    def extend(self, items: Sequence[Item]) -> History:
-        """This history and then one more batch; the renderings made so far carry over."""
+    def extend(self, items: Sequence[Item], held: int | None = None) -> History:
+        """This history and then one more batch; the renderings made so far carry over. `held`: the batch's
+        footprint as a tuple, when the caller measured it (`footprint_in_slices`)."""
         if not items:
             return self
-        return History(self if self.count else None, tuple(items))
+        return History(self if self.count else None, tuple(items), held)
 
     def rendering(self, key: str, empty: R, extend: Callable[[R, Sequence[Item]], R]) -> R:
         """The whole history rendered by `extend`, continuing the longest cached rendering under `key`.

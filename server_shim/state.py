@@ -67,6 +67,9 @@ class ResponseState:
     own_bytes: int = field(default=0, compare=False)
     """Memory this state adds: its batches of the history (input and output items, their renderings),
     tools (unless shared with `parent`) and Response object."""
+    tools_held: int | None = field(default=None, compare=False)
+    """The footprint of `tools` (the list alone), when measured: given by the turn (measured in slices), taken
+    from `parent` when the list is its, else walked here."""
     parent: InitVar[ResponseState | None] = None
     """The previous response's state, when this one may share its tools list (see `shared_tools`)."""
 
@@ -74,8 +77,15 @@ class ResponseState:
         # the output is in the history; the tools are counted once, whichever of the two lists holds them
         response = {key: value for key, value in self.response.items() if key != "output" and key != "tools"}
         echoed = self.response.get("tools")
-        tools = footprint(self.tools if echoed is None or echoed is self.tools else (self.tools, echoed))
         inherited = parent is not None and self.tools is parent.tools
+        if echoed is None or echoed is self.tools:
+            if inherited and parent is not None and parent.tools_held is not None:
+                self.tools_held = parent.tools_held
+            elif self.tools_held is None:
+                self.tools_held = footprint(self.tools)
+            tools = self.tools_held
+        else:
+            tools = footprint((self.tools, echoed))
         if inherited:
             self.base_held += tools
         self.own_bytes = (

@@ -34,7 +34,7 @@ from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
 from .tools import plan_tools, restore_calls
 from .truncation import fit_history
-from .turn_plan import TurnEnv, TurnPlan, TurnResult, resolve_previous, served_models
+from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, resolve_previous, served_models, tools_held
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,8 @@ class Turn:
         base = previous.history if previous else History()
         self.result.new_items = len(new_items)
         new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
-        if large:
-            await asyncio.sleep(0)
-        history = base.extend(new_items)
+        batch = tuple(new_items)
+        history = base.extend(batch, await batch_held(batch, large))
         check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
         if large:
             await asyncio.sleep(0)
@@ -148,6 +147,7 @@ class Turn:
             carry=previous.carry if previous and sent is history else {},
             labels=labels | outcome.labels,
             base_held=base.held,
+            tools_held=await tools_held(self.request.tools, previous),
             checks=outcome,
             prior_checks=prior_checks,
             prior_output=prior_output,
@@ -381,6 +381,7 @@ class Turn:
             carry=dict(plan.carry),
             tenant=self.tenant,
             base_held=plan.base_held,
+            tools_held=plan.tools_held,
             checks=plan.prior_checks | plan.checks.states,
             tokens=plan.tokens,
             parent=plan.previous,

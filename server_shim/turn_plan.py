@@ -7,6 +7,7 @@ lookups a turn starts with (the previous response, the models for an unknown one
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from .backends.base import Backend, BackendRequest, Carry, Routed
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
 from .errors import APIError, BackendError
+from .footprint import footprint_in_slices
 from .history import History
 from .items import Item
 from .limits import DEFAULT_LIMITS, RequestLimits
@@ -75,6 +77,8 @@ class TurnPlan:
     """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
+    tools_held: int | None = None
+    """The footprint of the request's tools, measured in slices (None: not measured, e.g. the previous state's)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
     """What the checks run before inference found; merged with those run beside it."""
     prior_checks: dict[str, Any] = field(default_factory=dict)
@@ -150,3 +154,20 @@ async def served_models(backend: Backend) -> list[str]:
         return await backend.models()
     except BackendError:
         return []
+
+
+async def tools_held(tools: list[dict[str, Any]] | None, previous: ResponseState | None) -> int | None:
+    """The request's tools' footprint, walked in slices (up to `max_json_values` values: ~100 ms in one go),
+    unless the state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
+    if not tools or (previous is not None and previous.tools == tools):
+        return None
+    return await footprint_in_slices(tools)
+
+
+async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
+    """A large request's new items' footprint, walked in slices after giving way once (the item passes before
+    it did not); None: `History` walks a small batch itself."""
+    if not large:
+        return None
+    await asyncio.sleep(0)
+    return await footprint_in_slices(batch)

@@ -49,7 +49,9 @@ async def test_queued_frames_hold_about_their_own_bytes_not_their_parsed_size(ma
     server = make_server(simulated_tokens_per_s=200, usage_ledger="off", sliced_parse_bytes=0)
     frame = create(max_output_tokens=1, unknown_field={f"k{j}": "" for j in range(20_000)})
     async with ws_connect(ws_url(server), max_size=None) as ws:
-        await ws.send(create(max_output_tokens=800))  # a slow response (4 s): what follows waits behind it
+        # a slow response (10 s): what follows waits behind it, also when sending the 16 frames is slow (each
+        # is read twice under tracemalloc, its values counted and then parsed: ~0.25 s a frame at load 8)
+        await ws.send(create(max_output_tokens=2000))
         await asyncio.sleep(0.2)
         connection = next(iter(server.shim.connections))
         gc.collect()

@@ -4,7 +4,8 @@ One legal-sized frame can hold millions of values (70,000 lists 61 deep in 8 MiB
 (the depth walk, validation, copies) held the event loop for seconds. The count (`json_shape`) against a
 Python walk on generated documents; a refusal that stops reading early; the attack shapes refused with
 `too_many_json_values` over WebSocket and HTTP, the connection chaining afterwards and a second
-connection's turns going on meanwhile; unknown top-level fields forwarded as they were, not copied.
+connection's turns going on meanwhile; unknown top-level fields forwarded as they were, not copied; what
+is left per value (the memory footprint of many tools) walked in slices, or taken from the parent state.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, completed_ok, recv_event, run_turn, send_raw
 
+from server_shim.backends import SimulatedBackend
+from server_shim.events import new_id
+from server_shim.footprint import footprint, footprint_steps
+from server_shim.history import History
 from server_shim.json_shape import STEP_BYTES, TooManyValues, depth, measure, measure_steps
 from server_shim.request_fields import SHIM_FIELDS, responses_fields
-from server_shim.requests import parse_create
+from server_shim.requests import CreateRequest, parse_create
+from server_shim.state import MemoryResponseStore, ResponseState
+from server_shim.tools import chat_tools
+from server_shim.turn import Turn, TurnEnv
 
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -190,3 +198,61 @@ async def test_a_second_connection_keeps_its_turns_going_while_attack_frames_arr
         stop.set()
         await beside
         assert during and max(during) < 1.0 + 20 * statistics.median(baseline), (baseline, during)
+
+
+def test_the_footprint_in_steps_is_the_footprint_and_pauses_per_containers():
+    tools = ATTACKS["tool properties"]["tools"]
+    steps, pauses = footprint_steps(tools, None, 1_000), 0
+    while True:
+        try:
+            next(steps)
+            pauses += 1
+        except StopIteration as done:
+            assert done.value == footprint(tools)
+            break
+    assert 128 * 300 // 1_000 <= pauses <= 128 * 302 // 1_000 + 1  # one pause per 1,000 containers
+
+
+async def _ticks_while_preparing(tools: list[dict[str, Any]], previous: Any = None) -> tuple[int, Turn]:
+    env = TurnEnv(backend=SimulatedBackend(), store=MemoryResponseStore())
+    request = CreateRequest(model=MODEL, input="x", tools=tools, store=False)
+    turn = Turn(request, env, None)
+    ticks, done = 0, asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            await asyncio.sleep(0)
+            ticks += 1
+
+    beside = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ticks = 0
+    await turn.prepare()
+    done.set()
+    await beside
+    return ticks, turn
+
+
+async def test_a_turn_measures_many_tools_in_slices_that_let_other_tasks_run():
+    """128 tools of 300 properties (~38,000 containers): their footprint, ~100 ms in one walk, is taken
+    in slices while the turn is prepared; one small tool is measured in one go."""
+    many, _ = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"])
+    few, _ = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"][:1])
+    assert many >= few + 30, (few, many)
+
+
+def test_a_state_keeping_its_parents_tools_keeps_their_footprint_unwalked():
+    tools = ATTACKS["tool properties"]["tools"]
+    history = History().extend([{"type": "message", "role": "user", "content": "x"}])
+
+    def state(tools_list: list[dict[str, Any]], parent: ResponseState | None, held: int | None) -> ResponseState:
+        response = {"id": new_id("resp"), "tools": tools_list}
+        return ResponseState(
+            response, [], [], tools_list, chat_tools([]), history, frozenset(), tools_held=held, parent=parent
+        )
+
+    first = state(tools, None, None)
+    assert first.tools_held == footprint(tools)
+    second = state(first.tools, first, -1)  # -1 would show if it were used instead of the parent's
+    assert second.tools_held == first.tools_held and second.size == first.size

@@ -355,7 +355,8 @@ async def test_a_frame_of_60k_tiny_items_is_refused_before_anything_holds_it(mak
     async with ws_connect(ws_url(server), max_size=None) as ws:
         await ws.send(orjson.dumps(_create(items, None)).decode())
         event = await _terminal(ws)
-        assert event["type"] == "error" and event["error"]["code"] == "too_many_input_items"
+        # 240,000 JSON values: refused from the frame's text (max_json_values), before it is parsed
+        assert event["type"] == "error" and event["error"]["code"] == "too_many_json_values"
         assert only_connection(server).cache.nbytes == 0
 
 
