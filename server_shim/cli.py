@@ -184,7 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(common)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the shim (WebSocket and HTTP on one port)", parents=[common])
+    serve = sub.add_parser(
+        "serve",
+        help="run the shim (WebSocket and HTTP on one port)",
+        parents=[common],
+        epilog="Every other setting (limits, timeouts, tenant limits, allowed_origins, allowed_hosts, metrics_key, "
+        "...) is an environment variable RESPONSES_WS_<NAME> or a key of the --config file's [server] table; "
+        "flags win over variables, variables over the file. README: Limits, Errors. Check a setup with "
+        "`responses-ws check-config FILE`.",
+    )
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8787)")
     serve.add_argument(
