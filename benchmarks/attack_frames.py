@@ -2,10 +2,10 @@
 many JSON values, and the server's behaviour before `max_json_values` (a mode the server switches to).
 
 Each frame is under `max_frame_bytes` (4 MiB). Over the bound (100,000 values): 33,000 lists 61 deep in an
-unknown field (4 MB, 2.0 M values), 128 tools of 300 described properties (2.5 MB, 115 k values), 5,000
-input items of 20 parts (2.2 MB, 305 k values: `conversation_too_large` before, after every pass over it).
-Under the bound, accepted: 1,600 lists 61 deep (200 KB, 99 k values), one forced tool whose schema has
-40,000 properties, 20,000 of them required (1 MB, 60 k values), 128 tools of 200 properties (1.2 MB, 52 k values).
+unknown field (4 MB, 2.0 M values), 128 tools of 300 described properties (2.4 MB, 116 k values), 5,000
+input items of 20 parts (3.3 MB, 315 k values: `conversation_too_large` before, after every pass over it).
+Under the bound, accepted: 1,600 lists 61 deep (195 KB, 98 k values), one forced tool whose schema has
+40,000 properties, 20,000 of them required (638 KB, 60 k values), 128 tools of 200 properties (636 KB, 52 k).
 """
 
 from __future__ import annotations

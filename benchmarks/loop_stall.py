@@ -1,7 +1,12 @@
 """What one connection's large frames cost the others: the server's longest event-loop stall and a second
 connection's turn latency, for three ways of handling a large request, in one run.
 
-    python -m benchmarks.loop_stall [--rounds 3] [--out docs/performance]
+    python -m benchmarks.loop_stall [--rounds 3] [--attack-rounds 3] [--out docs/performance]
+
+`--attack-rounds`: then the hostile review's frames of many JSON values (`attack_frames.py`), one per
+phase, with the server switching between `before` (no `max_json_values` count, the depth walks always,
+`model_dump` of forwarded fields) and `after` (the shipped code at the default bound), alternating order
+each round; the same stall and B figures (`loop-stall-attack.txt`). `--rounds 0` runs those alone (~45 s).
 
 Connection A sends two frames of one kind and waits for each answer. Kinds as in the `load`
 suite's `big_frame`: one 3 MB text, 60,000 tiny items in 3.3 MB (refused: `too_many_input_items`,
