@@ -181,3 +181,49 @@ def test_every_relative_link_points_into_the_repository():
                 continue  # an absolute URL
             resolved = (path.parent / target).resolve()
             assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{path.name}: link to {target}"
+
+
+def test_every_server_setting_is_named_in_the_readme():
+    """A setting nobody can find is a setting nobody sets: each is in the README as `name` or as its
+    `serve` flag (its `RESPONSES_WS_<NAME>` variable follows from the rule stated there)."""
+    from server_shim.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    forms = ("`{}`", "{} =", "--{}")
+    missing = [
+        name
+        for name in Settings.model_fields
+        if not any(form.format(name if form[0] != "-" else name.replace("_", "-")) in readme for form in forms)
+    ]
+    assert not missing, f"settings the README does not name: {missing}"
+
+
+ERROR_MAKERS = {"APIError", "Refusal", "invalid", "failed"}
+"""The calls in server_shim that carry an error code as a literal (`APIError(status, code, ...)`,
+`invalid(code, ...)`, admission's `Refusal`, a steer's `failed`)."""
+NEVER_SENT = {
+    "client_disconnected": "the client is gone when it is made: nothing reads it",
+    "http_error": "Starlette's fallback for an HTTP status other than 404/405, which no route raises",
+}
+
+
+def test_every_error_code_the_server_makes_is_in_the_readme():
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    codes: dict[str, str] = {}
+    for path in sorted((ROOT / "server_shim").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            for arg in node.args[:2] if name in ERROR_MAKERS else ():
+                if (
+                    isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and re.fullmatch(r"[a-z]+(_[a-z]+)+", arg.value)
+                ):
+                    codes.setdefault(arg.value, path.name)
+    assert len(codes) > 40, sorted(codes)  # the walk still finds the codes
+    missing = {code: where for code, where in codes.items() if f"`{code}`" not in readme and code not in NEVER_SENT}
+    assert not missing, f"error codes the README does not name (code: module): {missing}"
