@@ -8,7 +8,6 @@ the variable, or the flag) and what was expected; every problem is reported, not
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from typing import Any, get_origin
 from pydantic import BaseModel, ValidationError
 
 from . import redis_store, tracing
+from .browsers import is_loopback
 from .config import DeploymentConfig, Quirks, RoutingConfig, ServerSection, ShimConfig
 from .settings import Settings, split_list
 from .tenants import ApiKey, load_keys
@@ -202,10 +202,15 @@ def _warnings(loaded: Loaded, environ: Mapping[str, str]) -> list[str]:
     """Things that work but are probably not what the operator meant."""
     settings = loaded.settings
     found = []
-    if not loaded.keys and not _is_loopback(settings.host):
+    if not loaded.keys and not is_loopback(settings.host):
         found.append(
             f"listening on {settings.host} with no api key: anyone who can reach port {settings.port} can use "
             "the backends (set --api-key or RESPONSES_WS_API_KEYS)"
+        )
+    if not loaded.keys and "*" in settings.allowed_origins:
+        found.append(
+            "allowed_origins '*' with no api key: any web page opened in a browser that reaches this server "
+            "can use the backends (list the origins you mean, or set an api key)"
         )
     for deployment in loaded.config.deployments:
         if deployment.api_key_env and not environ.get(deployment.api_key_env):
@@ -221,12 +226,3 @@ def _warnings(loaded: Loaded, environ: Mapping[str, str]) -> list[str]:
             hint = f" (did you mean {ENV_PREFIX}{close[0].upper()}?)" if close else ""
             found.append(f"environment: {name} is not a server setting and is ignored{hint}")
     return found
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -95,6 +95,18 @@ def test_warnings_for_an_open_bind_an_unset_key_variable_and_a_mistyped_variable
     assert quiet.warnings == []
 
 
+def test_a_warning_for_any_web_origin_without_a_key():
+    loaded = load(str(EXAMPLE), {}, {"CEREBRAS_API_KEY": "x", "RESPONSES_WS_ALLOWED_ORIGINS": "*"})
+    assert loaded.settings.allowed_origins == ["*"]
+    assert any("allowed_origins '*' with no api key" in warning for warning in loaded.warnings)
+    listed = load(
+        str(EXAMPLE),
+        {},
+        {"CEREBRAS_API_KEY": "x", "RESPONSES_WS_ALLOWED_ORIGINS": "https://a.example,https://b.example"},
+    )
+    assert listed.settings.allowed_origins == ["https://a.example", "https://b.example"] and listed.warnings == []
+
+
 def test_without_deployments_the_backend_setting_is_the_one_deployment(tmp_path):
     path = write(tmp_path, '[server]\nbackend = "http://127.0.0.1:9/v1"\n[routing]\nhealth_interval_s = 2\n')
     loaded = load(path, {}, {})
