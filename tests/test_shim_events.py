@@ -162,7 +162,6 @@ def test_echoed_fields_are_what_model_dump_gives_for_any_request_shape():
                 fields[nested] = {**ECHO_DEFAULTS[nested], **given_fields[nested]}
         if fields["service_tier"] == "auto":
             fields["service_tier"] = "default"
-        fields.pop("metadata", None)
         return fields
 
     json = st.recursive(
