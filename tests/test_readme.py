@@ -202,7 +202,6 @@ ERROR_MAKERS = {"APIError", "Refusal", "invalid", "failed"}
 """The calls in server_shim that carry an error code as a literal (`APIError(status, code, ...)`,
 `invalid(code, ...)`, admission's `Refusal`, a steer's `failed`)."""
 NEVER_SENT = {
-    "client_disconnected": "the client is gone when it is made: nothing reads it",
     "http_error": "Starlette's fallback for an HTTP status other than 404/405, which no route raises",
 }
 
