@@ -6,15 +6,21 @@ or announces a body and sends part of it, or stops reading a streamed response, 
 here add three timers and a connection count, nothing per event:
 
 - head: a request head must be complete within `http_header_timeout_s` of the connection opening
-  or of the previous response ending; else 408 `request_timeout` and the connection is closed;
-- body: an announced body must arrive within `http_body_timeout_s` of its head; else 408 (the app
+  or of the previous response ending; else 408 `request_timeout` and the connection is closed (closed
+  without a 408 when not one byte of a head came: a pooled client's next request could cross it);
+- body: an announced body must arrive whole within `http_body_timeout_s` of its head (a deadline, not
+  an idle timer: a body trickled a byte at a time must not hold the socket), else 408 (the app
   sees the client gone, so the request is dropped) and the connection is closed;
 - send: a response of which nothing can be written for `send_timeout_s` (the client does not read,
   its socket buffers are full; a slow reader that drains some keeps going) ends with the connection aborted: a streaming response is cancelled
   like one whose client went away, which frees its backend request and slot;
-- at most `max_http_connections` open HTTP connections per process: a request on one beyond gets
-  503 `server_overloaded` with `Retry-After`. WebSocket connections are counted by the app's own
-  cap (`max_connections`) once upgraded.
+- at most `max_http_connections` open HTTP connections per process. A connection beyond it first
+  closes the oldest one that is idle (no request head received yet, or kept alive after its
+  response), so sockets that send nothing (no key is needed to open one) cannot hold the cap; only
+  when every connection has a request under way does the newcomer get 503 `server_overloaded` with
+  `Retry-After`, and even then its `/healthz` and `/readyz` are answered (a liveness probe must not
+  fail because the server is busy). WebSocket connections are counted by the app's own cap
+  (`max_connections`) once upgraded.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -54,6 +60,8 @@ class HttpLimits:
     send_timeout_s: float = 30.0
     max_connections: int = 1024
     open_connections: int = 0
+    idle: dict[Any, None] = field(default_factory=dict)
+    """The open connections with no request under way, oldest idle first (a dict keeps insertion order)."""
 
 
 def raw_error(error: APIError) -> bytes:
@@ -89,21 +97,32 @@ class DeadlineMixin:
     _send_timer: asyncio.TimerHandle | None = None
     _unsent = 0
     _counted = False
+    _heard = False
+    """Bytes arrived since the timer was armed: a head deadline passing without any is a silent close."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._limits = self.config.http_limits
-        self._limits.open_connections += 1
+        limits = self._limits
+        limits.open_connections += 1
         self._counted = True
-        if self._limits.open_connections > self._limits.max_connections:
-            self.app = _overloaded(self._limits.max_connections)  # this connection's requests only
-        self._arm("head", self._limits.header_timeout_s)
+        if limits.open_connections > limits.max_connections:
+            oldest = next(iter(limits.idle), None)
+            if oldest is not None:
+                del limits.idle[oldest]
+                metrics.CLOSED_CONNECTIONS.labels("http", "idle_evicted").inc()
+                oldest.transport.close()  # nothing under way on it; its count goes when it is lost
+            else:
+                self.app = _overloaded(limits.max_connections, self.app)  # this connection's requests only
+        limits.idle[self] = None
+        self._arm("head", limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         super().data_received(data)  # type: ignore[misc]
         self._follow_cycle()
 
@@ -112,6 +131,7 @@ class DeadlineMixin:
         if self.transport.is_closing():
             return
         if self.cycle is self._timed_cycle or self.cycle is None:
+            self._limits.idle[self] = None
             self._arm("head", self._limits.header_timeout_s)
         self._follow_cycle()
 
@@ -143,6 +163,7 @@ class DeadlineMixin:
             return
         if cycle is not self._timed_cycle:
             self._timed_cycle = cycle
+            self._limits.idle.pop(self, None)
             if cycle.more_body and not cycle.response_complete:
                 self._arm("body", self._limits.body_timeout_s)
             else:
@@ -152,6 +173,7 @@ class DeadlineMixin:
 
     def _arm(self, kind: str, seconds: float) -> None:
         self._cancel()
+        self._heard = False
         self._timer_kind = kind
         self._timer = self.loop.call_later(seconds, self._expired)
 
@@ -169,6 +191,7 @@ class DeadlineMixin:
         if self._counted:
             self._counted = False
             self._limits.open_connections -= 1
+            self._limits.idle.pop(self, None)
 
     def _expired(self) -> None:
         """The head or body deadline passed: 408 where no response has started, then close."""
@@ -182,7 +205,9 @@ class DeadlineMixin:
         if cycle is not None:  # the app waits for the rest of the body: to it, the client went away
             cycle.disconnected = True
             cycle.message_event.set()
-        if cycle is None or not cycle.response_started:
+        if kind == "head" and not self._heard:
+            pass  # nothing of a request came: a 408 could be read as the answer to a request sent meanwhile
+        elif cycle is None or not cycle.response_started:
             self.transport.write(raw_error(_timeout_error(kind, seconds)))
             metrics.ERRORS.labels("request_timeout").inc()
         metrics.CLOSED_CONNECTIONS.labels("http", f"{kind}_timeout").inc()
@@ -223,8 +248,21 @@ def _peer(transport: asyncio.Transport) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "-"
 
 
-def _overloaded(limit: int) -> Any:
-    """The app for a connection beyond the cap: each of its requests gets 503 and the connection closes."""
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def _overloaded(limit: int, app: Any) -> Any:
+    """The app for a connection beyond the cap: each of its requests gets 503 and the connection closes,
+    except the probes, which `app` answers."""
+    refusal = _refusal(limit)
+
+    async def overloaded(scope: Any, receive: Any, send: Any) -> None:
+        await (app if scope.get("path") in PROBE_PATHS else refusal)(scope, receive, send)
+
+    return overloaded
+
+
+def _refusal(limit: int) -> Any:
     response = error_response(
         APIError(
             503,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -69,7 +70,7 @@ def test_partial_head_gets_408_and_is_closed(make_server) -> None:
         assert error_of(reply) == (408, error_of(reply)[1])
         assert error_of(reply)[1]["code"] == "request_timeout"
         assert "head" in error_of(reply)[1]["message"]
-        answer(silent)  # a connection that never sends a byte is closed too
+        assert answer(silent)[0] == b""  # one that never sends a byte is closed too, with no 408
     assert closed("head_timeout") - before == 2
     with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:  # the server is fine
         assert sdk.responses.create(model=MODEL, input="hi", store=False).status == "completed"
@@ -84,6 +85,14 @@ def test_slow_head_after_a_kept_alive_response_is_timed_out(make_server) -> None
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         reply, _ = answer(sock)
         assert error_of(reply)[0] == 408
+
+
+def test_a_kept_alive_connection_that_sends_nothing_more_is_closed_without_a_408(make_server) -> None:
+    """A 408 nobody asked for could be read by a pooled client as the answer to the request it sends next."""
+    server = make_server(http_header_timeout_s=0.5)
+    with raw(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") as sock:
+        reply, _ = answer(sock)
+    assert reply.startswith(b"HTTP/1.1 200") and b"408" not in reply.split(b"\r\n\r\n", 1)[1]
 
 
 def test_half_sent_body_gets_408_and_the_server_logs_no_error(make_server, caplog) -> None:
@@ -156,18 +165,34 @@ def test_a_slow_stream_reader_that_keeps_reading_is_not_cut(make_server) -> None
     assert received > 40_000
 
 
-def test_http_connections_beyond_the_cap_get_503_until_one_closes(make_server) -> None:
-    server = make_server(max_http_connections=2, http_header_timeout_s=30)
+def test_http_connections_beyond_the_cap_get_503_while_every_one_is_busy_but_probes_are_answered(
+    make_server,
+) -> None:
+    server = make_server(max_http_connections=2, http_header_timeout_s=30, http_body_timeout_s=30)
+    busy = post_head("/v1/responses", 100) + b"{"  # a request under way: its body is still coming
     with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
-        with raw(server), raw(server):
+        with raw(server, busy), raw(server, busy):
             time.sleep(0.2)
             with pytest.raises(openai.InternalServerError) as refused:
                 sdk.responses.create(model=MODEL, input="hi", store=False)
             assert refused.value.status_code == 503
             assert refused.value.code == "server_overloaded"  # type: ignore[attr-defined]
             assert refused.value.response.headers["retry-after"] == "1"
+            assert httpx.get(f"http://127.0.0.1:{server.settings.port}/healthz").status_code == 200
         time.sleep(0.2)
         assert sdk.responses.create(model=MODEL, input="hi", store=False).status == "completed"
+
+
+def test_idle_connections_make_room_for_a_newcomer_at_the_cap(make_server) -> None:
+    server = make_server(max_http_connections=2, http_header_timeout_s=30)
+    before = closed("idle_evicted")
+    sdk = OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+    with sdk, raw(server) as first, raw(server, b"POST /v1/resp") as second:
+        time.sleep(0.2)
+        assert sdk.responses.create(model=MODEL, input="hi", store=False).status == "completed"
+        assert httpx.get(f"http://127.0.0.1:{server.settings.port}/healthz").status_code == 200
+        assert first.recv(1) == b"" and second.recv(1) == b""  # closed, oldest idle first
+    assert closed("idle_evicted") >= before + 2
 
 
 def test_websocket_connections_do_not_count_against_the_http_cap(make_server) -> None:
