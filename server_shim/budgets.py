@@ -35,7 +35,12 @@ class Budgeted(Protocol):
 
 
 class CacheBudget:
-    """The bytes every cache holds, in all and per tenant, and what to drop when over (a plain object)."""
+    """The bytes every cache holds, in all and per tenant, and what to drop when over (a plain object).
+
+    Each tenant's caches are kept in their own least-recently-changed order, so a drop looks at the
+    front of one tenant's queue (a cache found with nothing to drop goes to the back: it has nothing
+    to lose until it caches again, which moves it there anyway): a settle that drops N responses costs
+    about N steps, not N times the number of connections, and runs on the event loop."""
 
     def __init__(self, max_bytes: int, tenant_max_bytes: int = 0) -> None:
         self.max_bytes = max_bytes
@@ -44,8 +49,10 @@ class CacheBudget:
         self.evicted = 0
         """Responses dropped to keep within the budget (also `responses_ws_cache_evictions{reason="budget"}`)."""
         self._tenants: dict[str | None, int] = {}
-        self._charged: OrderedDict[Budgeted, int] = OrderedDict()
-        """Each cache with the bytes it was last charged, least recently changed first."""
+        self._charged: dict[Budgeted, int] = {}
+        """Each cache with the bytes it was last charged."""
+        self._queues: dict[str | None, OrderedDict[Budgeted, None]] = {}
+        """Each tenant's caches, least recently changed first."""
 
     def tenant_bytes(self, tenant: str | None) -> int:
         return self._tenants.get(tenant, 0)
@@ -53,16 +60,22 @@ class CacheBudget:
     def settle(self, cache: Budgeted) -> None:
         """`cache` changed (a response put or dropped): charge its bytes, then drop what is over a bound."""
         self._charge(cache)
-        self._charged.move_to_end(cache)
+        self._queues.setdefault(cache.tenant, OrderedDict())[cache] = None
+        self._queues[cache.tenant].move_to_end(cache)
         while self._tenants.get(cache.tenant, 0) > self.tenant_max_bytes and self._drop(cache.tenant, cache):
             pass
-        while self.total > self.max_bytes and self._drop(self._largest(cache), cache):
+        while self.total > self.max_bytes and self._drop_from_largest(cache):
             pass
         metrics.CACHE_BYTES.set(self.total)
 
     def leave(self, cache: Budgeted) -> None:
         """The connection closed: its cache no longer counts."""
         charged = self._charged.pop(cache, 0)
+        queue = self._queues.get(cache.tenant)
+        if queue is not None:
+            queue.pop(cache, None)
+            if not queue:
+                del self._queues[cache.tenant]
         self._add(cache.tenant, -charged)
         metrics.CACHE_BYTES.set(self.total)
 
@@ -79,20 +92,23 @@ class CacheBudget:
         else:
             self._tenants.pop(tenant, None)
 
-    def _largest(self, keep: Budgeted) -> str | None:
-        """The tenant holding the most that has something to drop."""
-        held = {cache.tenant for cache in self._charged if _droppable(cache, keep)}
-        return max(held, key=self.tenant_bytes, default=None)
+    def _drop_from_largest(self, keep: Budgeted) -> bool:
+        """Drop from the tenant holding the most that has something to drop (tenants are few)."""
+        return any(self._drop(tenant, keep) for tenant in sorted(self._tenants, key=self.tenant_bytes, reverse=True))
 
     def _drop(self, tenant: str | None, keep: Budgeted) -> bool:
         """Drop the oldest response of `tenant`'s least recently used cache; False when nothing can go."""
-        for cache in self._charged:
-            if cache.tenant == tenant and _droppable(cache, keep):
+        queue = self._queues.get(tenant)
+        for _ in range(len(queue or ())):
+            assert queue is not None
+            cache = next(iter(queue))
+            if _droppable(cache, keep):
                 cache.drop_oldest()
                 self._charge(cache)
                 self.evicted += 1
                 metrics.CACHE_EVICTIONS.labels("budget").inc()
                 return True
+            queue.move_to_end(cache)
         return False
 
 

@@ -209,6 +209,29 @@ def test_a_tenant_over_its_share_drops_its_own_and_a_cache_keeps_what_it_just_ca
     assert budget.total == 115
 
 
+class CountedCache(FakeCache):
+    looks = 0
+
+    def __len__(self) -> int:
+        CountedCache.looks += 1
+        return len(self.sizes)
+
+
+def test_a_settle_that_drops_many_looks_at_about_as_many_caches_as_it_drops():
+    """The review's case: many full caches of two tenants, then one large response; each drop must not
+    walk every connection (500 caches x 5,000 drops stalled the loop for seconds)."""
+    caches = [CountedCache("alice" if i % 2 else "bob", *[3] * 10) for i in range(500)]
+    budget = CacheBudget(max_bytes=500 * 30)
+    for cache in caches:
+        budget.settle(cache)
+    CountedCache.looks = 0
+    large = CountedCache("alice", 2_000)
+    budget.settle(large)
+    assert budget.total <= budget.max_bytes and large.sizes == [2_000]
+    assert budget.evicted >= 600
+    assert CountedCache.looks < 4 * (budget.evicted + len(caches))
+
+
 def test_the_default_budget_is_a_quarter_of_memory_and_at_least_64_mib():
     assert default_cache_budget(16 * 1024 * MB) == 4 * 1024 * MB
     assert default_cache_budget(100 * MB) == 64 * MB
