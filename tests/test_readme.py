@@ -39,7 +39,7 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 RUNNABLE = {"python", "bash", "console"}
 NOT_RUN = {  # blocks marked {norun: ...}, by their first line: each is a command that cannot run inside the suite
     "python3 -m venv .venv && . .venv/bin/activate && pip install . && responses-ws demo",
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev,llama]' && pytest -q",
+    ".ci/run",
     "docker build -t responses-ws . && docker run --rm -p 127.0.0.1:8787:8787 -e RESPONSES_WS_API_KEYS=sk-local responses-ws",
     "pip install -e '.[dev]' && python -m benchmarks          # or: responses-ws bench; --quick for a smoke run",
     "pip install -e '.[dev,llama]' && pytest -q",
