@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -72,8 +72,10 @@ class ResponseState:
     from `parent` when the list is its, else walked here."""
     parent: InitVar[ResponseState | None] = None
     """The previous response's state, when this one may share its tools list (see `shared_tools`)."""
+    echo_held: InitVar[Mapping[int, int] | None] = None
+    """The footprints of request containers the Response object echoes, measured already (by `id`)."""
 
-    def __post_init__(self, parent: ResponseState | None) -> None:
+    def __post_init__(self, parent: ResponseState | None, echo_held: Mapping[int, int] | None) -> None:
         # the output is in the history; the tools are counted once, whichever of the two lists holds them
         response = {key: value for key, value in self.response.items() if key != "output" and key != "tools"}
         echoed = self.response.get("tools")
@@ -92,7 +94,10 @@ class ResponseState:
             STATE_OVERHEAD
             + self.history.held
             - self.base_held
-            + footprint((response, self.carry, self.checks, tuple(own_calls(self.call_ids))), ECHO_DEFAULT_SIZES)
+            + footprint(
+                (response, self.carry, self.checks, tuple(own_calls(self.call_ids))),
+                {**ECHO_DEFAULT_SIZES, **echo_held} if echo_held else ECHO_DEFAULT_SIZES,
+            )
             + tools
         )
 

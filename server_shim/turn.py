@@ -34,7 +34,7 @@ from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
 from .tools import plan_tools, restore_calls
 from .truncation import fit_history
-from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, resolve_previous, served_models, tools_held
+from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, request_held, resolve_previous, served_models
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class Turn:
             carry=previous.carry if previous and sent is history else {},
             labels=labels | outcome.labels,
             base_held=base.held,
-            tools_held=await tools_held(self.request.tools, previous),
+            held=await request_held(self.request, previous),
             checks=outcome,
             prior_checks=prior_checks,
             prior_output=prior_output,
@@ -381,7 +381,8 @@ class Turn:
             carry=dict(plan.carry),
             tenant=self.tenant,
             base_held=plan.base_held,
-            tools_held=plan.tools_held,
+            tools_held=plan.held.tools,
+            echo_held=plan.held.echo,
             checks=plan.prior_checks | plan.checks.states,
             tokens=plan.tokens,
             parent=plan.previous,

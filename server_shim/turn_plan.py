@@ -17,6 +17,7 @@ from .backends.base import Backend, BackendRequest, Carry, Routed
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
 from .errors import APIError, BackendError
+from .events import echoed_fields
 from .footprint import footprint_in_slices
 from .history import History
 from .items import Item
@@ -26,7 +27,7 @@ from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import Classifier, Validator
 from .stages import StageClock
-from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses
+from .state import ECHO_DEFAULT_SIZES, ConnectionCache, ResponseState, ResponseStore, RunningResponses
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 
@@ -77,8 +78,8 @@ class TurnPlan:
     """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
-    tools_held: int | None = None
-    """The footprint of the request's tools, measured in slices (None: not measured, e.g. the previous state's)."""
+    held: RequestHeld = field(default_factory=lambda: RequestHeld(None, {}))
+    """What the request's tools and echoed containers hold, measured in slices (`request_held`)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
     """What the checks run before inference found; merged with those run beside it."""
     prior_checks: dict[str, Any] = field(default_factory=dict)
@@ -156,14 +157,6 @@ async def served_models(backend: Backend) -> list[str]:
         return []
 
 
-async def tools_held(tools: list[dict[str, Any]] | None, previous: ResponseState | None) -> int | None:
-    """The request's tools' footprint, walked in slices (up to `max_json_values` values: ~100 ms in one go),
-    unless the state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
-    if not tools or (previous is not None and previous.tools == tools):
-        return None
-    return await footprint_in_slices(tools)
-
-
 async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
     """A large request's new items' footprint, walked in slices after giving way once (the item passes before
     it did not); None: `History` walks a small batch itself."""
@@ -171,3 +164,41 @@ async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
         return None
     await asyncio.sleep(0)
     return await footprint_in_slices(batch)
+
+
+async def _echoed_held(request: CreateRequest) -> dict[int, int]:
+    """The footprints of the request's containers that the Response object echoes (a `text.format` schema, a
+    `tool_choice`...: up to `max_json_values` values), measured in slices; `ResponseState` takes them as
+    known rather than walking them at once. The tools are measured apart (`tools_held`)."""
+    held: dict[int, int] = {}
+    for name, value in echoed_fields(request).items():
+        if name == "tools" or not isinstance(value, (dict, list)):
+            continue
+        parts = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
+        for part in parts:  # text and reasoning: fresh dicts, merged over the defaults
+            if isinstance(part, (dict, list)) and id(part) not in ECHO_DEFAULT_SIZES and id(part) not in held:
+                held[id(part)] = await footprint_in_slices(part)
+    return held
+
+
+async def _tools_held(tools: list[dict[str, Any]] | None, previous: ResponseState | None) -> int | None:
+    """The request's tools' footprint, walked in slices (up to `max_json_values` values: ~100 ms in one go),
+    unless the state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
+    if not tools or (previous is not None and previous.tools == tools):
+        return None
+    return await footprint_in_slices(tools)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeld:
+    """Footprints measured while the turn is prepared, for its `ResponseState`."""
+
+    tools: int | None
+    """The request's tools (None: not measured, e.g. the previous state's list is kept)."""
+    echo: dict[int, int]
+    """The other request containers the Response echoes, by `id`."""
+
+
+async def request_held(request: CreateRequest, previous: ResponseState | None) -> RequestHeld:
+    """Walk the request's tools and echoed containers in slices that let other connections run."""
+    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(request))

@@ -256,3 +256,31 @@ def test_a_state_keeping_its_parents_tools_keeps_their_footprint_unwalked():
     assert first.tools_held == footprint(tools)
     second = state(first.tools, first, -1)  # -1 would show if it were used instead of the parent's
     assert second.tools_held == first.tools_held and second.size == first.size
+
+
+async def test_a_large_echoed_schema_is_measured_in_slices_and_counted_the_same():
+    """A `text.format` schema of 40,000 properties is echoed in the Response: its footprint is taken in
+    slices while the turn is prepared, and the state holds exactly what walking it at once gives."""
+    schema = {"type": "object", "properties": {f"p{j}": {} for j in range(40_000)}}
+    text = {"format": {"type": "json_schema", "name": "s", "schema": schema}}
+    env = TurnEnv(backend=SimulatedBackend(), store=MemoryResponseStore())
+    turn = Turn(CreateRequest(model=MODEL, input="x", text=text, store=False), env, None)
+    ticks, done = 0, asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            await asyncio.sleep(0)
+            ticks += 1
+
+    beside = asyncio.create_task(ticker())
+    await turn.prepare()
+    done.set()
+    await beside
+    assert ticks >= 40
+    plan = turn._plan
+    assert plan is not None and plan.held.echo
+    response = {"id": new_id("resp"), "text": dict(turn.request.text or {})}
+    measured = ResponseState(response, [], [], [], chat_tools([]), plan.history, frozenset(), echo_held=plan.held.echo)
+    walked = ResponseState(response, [], [], [], chat_tools([]), plan.history, frozenset())
+    assert measured.own_bytes == walked.own_bytes
