@@ -21,6 +21,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI
+from support.ticks import ticks_beside
 from support.wire import API_KEY, MODEL, completed_ok, recv_event, run_turn, send_raw
 
 from server_shim.backends import SimulatedBackend
@@ -213,32 +214,17 @@ def test_the_footprint_in_steps_is_the_footprint_and_pauses_per_containers():
     assert 128 * 300 // 1_000 <= pauses <= 128 * 302 // 1_000 + 1  # one pause per 1,000 containers
 
 
-async def _ticks_while_preparing(tools: list[dict[str, Any]], previous: Any = None) -> tuple[int, Turn]:
+async def _ticks_while_preparing(tools: list[dict[str, Any]]) -> int:
     env = TurnEnv(backend=SimulatedBackend(), store=MemoryResponseStore())
-    request = CreateRequest(model=MODEL, input="x", tools=tools, store=False)
-    turn = Turn(request, env, None)
-    ticks, done = 0, asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
-
-    beside = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    ticks = 0
-    await turn.prepare()
-    done.set()
-    await beside
-    return ticks, turn
+    turn = Turn(CreateRequest(model=MODEL, input="x", tools=tools, store=False), env, None)
+    return (await ticks_beside(turn.prepare()))[0]
 
 
 async def test_a_turn_measures_many_tools_in_slices_that_let_other_tasks_run():
     """128 tools of 300 properties (~38,000 containers): their footprint, ~100 ms in one walk, is taken
     in slices while the turn is prepared; one small tool is measured in one go."""
-    many, _ = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"])
-    few, _ = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"][:1])
+    many = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"])
+    few = await _ticks_while_preparing(ATTACKS["tool properties"]["tools"][:1])
     assert many >= few + 30, (few, many)
 
 
@@ -265,18 +251,7 @@ async def test_a_large_echoed_schema_is_measured_in_slices_and_counted_the_same(
     text = {"format": {"type": "json_schema", "name": "s", "schema": schema}}
     env = TurnEnv(backend=SimulatedBackend(), store=MemoryResponseStore())
     turn = Turn(CreateRequest(model=MODEL, input="x", text=text, store=False), env, None)
-    ticks, done = 0, asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
-
-    beside = asyncio.create_task(ticker())
-    await turn.prepare()
-    done.set()
-    await beside
+    ticks, _ = await ticks_beside(turn.prepare())
     assert ticks >= 40
     plan = turn._plan
     assert plan is not None and plan.held.echo

@@ -7,12 +7,9 @@ functions, and the yields of the turn and of a large frame's parse counted by a 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any
-
 import orjson
 from openai import AsyncOpenAI
+from support.ticks import ticks_beside
 from support.wire import API_KEY, MODEL, completed_ok, recv_event, run_turn, send_raw, user
 
 from server_shim.backends import SimulatedBackend
@@ -29,31 +26,11 @@ def test_requests_past_the_item_count_or_the_frame_size_are_large():
     assert is_large(nbytes=LARGE_FRAME_BYTES)
 
 
-async def _ticks_beside(work: Awaitable[Any]) -> tuple[int, Any]:
-    """How many times another task ran while `work` was awaited, and what it gave."""
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
-
-    beside = asyncio.create_task(ticker())
-    await asyncio.sleep(0)  # the ticker is waiting for its turn
-    ticks = 0
-    result = await work
-    done.set()
-    await beside
-    return ticks, result
-
-
 async def _yields_while_preparing(items: int) -> int:
     """How many times another task ran while one turn of `items` new items was prepared."""
     env = TurnEnv(backend=SimulatedBackend(), store=MemoryResponseStore())
     turn = Turn(CreateRequest(model=MODEL, input=[user(f"item {n}") for n in range(items)], store=False), env, None)
-    return (await _ticks_beside(turn.prepare()))[0]
+    return (await ticks_beside(turn.prepare()))[0]
 
 
 async def test_a_large_turn_lets_other_tasks_run_between_its_passes_over_the_items():
@@ -72,7 +49,7 @@ def _items_frame(count: int) -> bytes:
 
 
 async def _yields_while_reading(frame: bytes, slice_from: int) -> int:
-    ticks, (body, shape) = await _ticks_beside(read_frame(frame, len(frame), slice_from, MANY_VALUES))
+    ticks, (body, shape) = await ticks_beside(read_frame(frame, len(frame), slice_from, MANY_VALUES))
     assert body == orjson.loads(frame) and shape.depth == 3
     return int(ticks)
 
