@@ -124,6 +124,15 @@ def test_the_start_up_line_on_memory_names_the_allocator_in_use():
     assert "goes back to the system" in allocator_line("malloc")
 
 
+def _collect_garbage() -> None:
+    gc.collect()
+
+
+COLLECTION_LINE = _collect_garbage.__code__.co_firstlineno + 1
+"""Where blocks made by finalizers the collection runs are traced: other tests' garbage (a server thread's
+cycles made while `action` ran), not what `action` left."""
+
+
 def left_alive(action: Callable[[], object], *files: str) -> list[tracemalloc.Trace]:
     """The blocks allocated in `files` while `action` ran that are still alive after it (tracemalloc:
     blind to floats, which come from a free list once one was freed)."""
@@ -131,11 +140,13 @@ def left_alive(action: Callable[[], object], *files: str) -> list[tracemalloc.Tr
     tracemalloc.start()
     try:
         action()
-        gc.collect()
+        _collect_garbage()
         snapshot = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    return list(snapshot.filter_traces([tracemalloc.Filter(True, name) for name in files]).traces)
+    filters = [tracemalloc.Filter(True, name) for name in files]
+    filters.append(tracemalloc.Filter(False, __file__, lineno=COLLECTION_LINE))
+    return list(snapshot.filter_traces(filters).traces)
 
 
 def held_objects(metric) -> set[int]:
