@@ -92,10 +92,9 @@ def _check_config(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     config, settings = loaded.config, loaded.settings
-    auth = f"auth on ({len(loaded.keys)} key(s))" if loaded.keys else "auth off"
     print(
         f"{args.file}: OK, {len(config.deployments)} deployment(s), policy {config.routing.policy}; "
-        f"serves on {settings.host}:{settings.port}, {auth}\n"
+        f"serves on {settings.host}:{settings.port}; {loaded.auth_summary()}\n"
     )
     rows = [("model", "deployment", "backend model", "why"), *config.routing_table()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

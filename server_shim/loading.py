@@ -18,6 +18,7 @@ from typing import Any, get_origin
 from pydantic import BaseModel, ValidationError
 
 from . import redis_store, tracing
+from .admission import tenant_connection_cap
 from .browsers import is_loopback
 from .config import DeploymentConfig, Quirks, RoutingConfig, ServerSection, ShimConfig
 from .settings import Settings, split_list
@@ -70,6 +71,17 @@ class Loaded:
     from_file: bool = False
     """Whether the deployments come from the file (else from `--backend` / `RESPONSES_WS_BACKEND`)."""
     warnings: list[str] = field(default_factory=list)
+
+    def auth_summary(self) -> str:
+        """Keys, tenants and the per-tenant connection cap in force: what `serve` and `check-config` say once
+        (the cap's default depends on the number of tenants, so it is shown, not left to a first 503)."""
+        if not self.keys:
+            return "auth off: no api key is required"
+        tenants = len({key.tenant for key in self.keys})
+        settings = self.settings
+        cap = tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants)
+        share = f"each at most {cap} WebSocket connections" if cap else "no per-tenant connection cap"
+        return f"auth on: {len(self.keys)} api key(s), {tenants} tenant(s), {share}"
 
 
 def load(path: str | None, flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Loaded:

@@ -131,8 +131,7 @@ def startup_summary(loaded: Loaded, port: int, workers: int = 1) -> list[str]:
         target = f" at {d.base_url}" if d.base_url else ""
         models = ", ".join(f"{alias}->{model}" if alias != model else alias for alias, model in d.models.items())
         lines.append(f"deployment {d.name!r} ({d.kind}{target}) serves models {models} [{source}]")
-    keys = len(loaded.keys)
-    lines.append(f"auth on: {keys} api key(s)" if keys else "auth off: no api key is required")
+    lines.append(loaded.auth_summary())
     lines.append(allocator_line(os.environ.get("PYTHONMALLOC")))
     return lines
 

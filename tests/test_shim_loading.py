@@ -112,3 +112,25 @@ def test_without_deployments_the_backend_setting_is_the_one_deployment(tmp_path)
     loaded = load(path, {}, {})
     assert [(d.name, d.base_url) for d in loaded.config.deployments] == [("default", "http://127.0.0.1:9/v1")]
     assert loaded.config.routing.health_interval_s == 2 and not loaded.from_file
+
+
+@pytest.mark.parametrize(
+    ("keys", "flags", "said"),
+    [
+        ([], {}, "auth off: no api key is required"),
+        (["k1"], {}, "auth on: 1 api key(s), 1 tenant(s), no per-tenant connection cap"),
+        (["k1", "k2"], {}, "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections"),
+        (
+            ["k1", "k2"],
+            {"tenant_max_connections": 0},
+            "auth on: 2 api key(s), 2 tenant(s), no per-tenant connection cap",
+        ),
+        (
+            ["k1", "k2"],
+            {"max_connections": 10},
+            "auth on: 2 api key(s), 2 tenant(s), each at most 5 WebSocket connections",
+        ),
+    ],
+)
+def test_the_auth_summary_names_keys_tenants_and_the_per_tenant_connection_cap_in_force(keys, flags, said):
+    assert load(None, {"api_keys": keys, **flags}, environ={}).auth_summary() == said
