@@ -27,12 +27,12 @@ from .check_config import checks_by_model
 from .checks import Check
 from .compaction import compaction_key
 from .config import ShimConfig
+from .deployments import build_router
 from .errors import APIError
 from .ledger import Ledger
 from .limits import RequestLimits
 from .observe import ANONYMOUS, turn_finished
 from .postinference import PostInference
-from .router import build_router
 from .safety import Classifier, Validator
 from .settings import Settings
 from .state import ConnectionCache, MemoryResponseStore, ResponseStore

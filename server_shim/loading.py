@@ -141,8 +141,8 @@ def _load_file(path: str, problems: list[Problem]) -> ShimConfig | None:
 
 def _kind_problems(config: ShimConfig, path: str) -> list[Problem]:
     """Deployments that cannot be built: a kind no loaded plugin provides, or options its factory refuses."""
+    from .deployments import factory_for
     from .extensions import backend_kinds, default_plugin_manager
-    from .router import factory_for
 
     kinds = backend_kinds(default_plugin_manager())
     problems = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import logging
 import time
@@ -25,7 +24,6 @@ from typing import Any
 from . import metrics
 from .backends.base import (
     Backend,
-    BackendFactory,
     BackendRequest,
     Carry,
     ConnectionScoped,
@@ -36,7 +34,7 @@ from .backends.base import (
     ToolCallDelta,
     Usage,
 )
-from .config import DeploymentConfig, RoutingConfig, ShimConfig
+from .config import RoutingConfig
 from .deadlines import Deadlines, Watch
 from .errors import BackendError
 from .health import Health, TokenWindow
@@ -346,49 +344,6 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments.values()), return_exceptions=True)
-
-
-def build_router(
-    config: ShimConfig, kinds: dict[str, BackendFactory], *, clock: Callable[[], float] = time.monotonic
-) -> Router:
-    """One backend per deployment, made by the factory registered for its kind."""
-    routing = config.routing
-    deployments = [
-        Deployment(
-            name=spec.name,
-            backend=make_backend(spec, kinds),
-            models=dict(spec.models),
-            health=Health(routing.failure_threshold, routing.cooldown_s, routing.ewma_alpha),
-            priority=spec.priority,
-            max_concurrency=spec.max_concurrency,
-            tokens_per_minute=spec.tokens_per_minute,
-            deadlines=Deadlines(spec.first_token_timeout_s, spec.response_timeout_s),
-            hosted_tools=spec.hosted_policy,
-            context_window=spec.context_window,
-        )
-        for spec in config.deployments
-    ]
-    return Router(deployments, routing, clock=clock)
-
-
-def make_backend(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> Backend:
-    """`factory(spec, **spec.options)` for the deployment's kind."""
-    return factory_for(spec, kinds)(spec, **spec.options)
-
-
-def factory_for(spec: DeploymentConfig, kinds: dict[str, BackendFactory]) -> BackendFactory:
-    """The factory of the deployment's kind; a `ValueError` naming the deployment when no plugin
-    provides the kind or its factory does not take the deployment's options."""
-    factory = kinds.get(spec.kind)
-    if factory is None:
-        raise ValueError(
-            f"deployment {spec.name!r}: no plugin provides backend kind {spec.kind!r} (known: {', '.join(sorted(kinds))})"
-        )
-    try:
-        inspect.signature(factory).bind(spec, **spec.options)
-    except TypeError as exc:
-        raise ValueError(f"deployment {spec.name!r}: kind {spec.kind!r} does not take these options: {exc}") from None
-    return factory
 
 
 def _routed(request: BackendRequest, deployment: Deployment, carry: Mapping[str, Any]) -> BackendRequest:

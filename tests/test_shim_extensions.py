@@ -22,8 +22,8 @@ from support.wire import completed_ok, run_turn
 
 from server_shim import BackgroundServer, ShimConfig, TextDelta, create_app, hookimpl
 from server_shim.backends.kinds import simulated
+from server_shim.deployments import make_backend
 from server_shim.extensions import backend_kinds, create_plugin_manager
-from server_shim.router import make_backend
 
 ECHO_PLUGIN = """
 from server_shim import APIError, Finish, TextDelta, Usage, hookimpl
