@@ -1,14 +1,21 @@
 """Per-turn deadlines on a backend stream: time to first token, and total time.
 
 A stalled backend, or one that trickles keep-alive comments, never trips an HTTP read timeout
-that counts idle time per read; these deadlines count from the request's start. The decision
-(`Deadlines.next`) is a plain function of the start, the first token's time and `now`; the
-async wrapper only applies it around each read, with the clock it is given.
+that counts idle time per read; these deadlines count from the request's start. The decisions
+are plain: `Deadlines.next` says which deadline is nearest, a `Watch` keeps its stream's due
+time (a number, moved at the first token), and `Timer.due` picks the watches past due at `now`;
+every time comes from the clock they are given. The asyncio part is one loop timer per `Timer`
+(a router has one per event loop), armed at the earliest due time it knows of, which cancels the
+read in progress of a stream past due. A turn only adds its watch to a set and removes it: a
+loop timer per turn, moved at the first token, cost two timer handles made, pushed on the loop's
+heap and cancelled per turn. A watch whose due time moves later leaves the timer where it is;
+it fires early, finds nothing due, and re-arms at the earliest due time then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -44,105 +51,152 @@ class DeadlineExceeded(BackendError):
         self.which = which
 
 
-class _Alarm:
-    """One timer per stream, armed at its nearest deadline: it cancels the read in progress when it
-    fires (as `asyncio.timeout` around each read would, without a timer made per delta)."""
+class Timer:
+    """The watches of one clock on one event loop, and one loop timer armed at the earliest due time."""
 
-    __slots__ = ("base", "cancelled", "fired", "handle", "reading", "which")
+    __slots__ = ("armed_at", "clock", "handle", "loop", "watches")
 
-    def __init__(self) -> None:
-        self.handle: asyncio.Handle | None = None
-        self.which = TOTAL
-        self.reading: asyncio.Task[object] | None = None
-        """The task waiting on a read, while one is in progress."""
-        self.fired = False
-        self.cancelled = False
-        self.base = 0
-        """The task's pending cancellations before this alarm added one (what `uncancel` returns to)."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float]) -> None:
+        self.loop = loop
+        self.clock = clock
+        self.watches: set[Watch] = set()
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed_at = math.inf
+        """The due time (on `clock`) the loop timer fires at; infinity when it is not armed."""
 
-    def arm(self, loop: asyncio.AbstractEventLoop, left: float, which: str) -> None:
+    def add(self, watch: Watch) -> None:
+        """Watch `watch` (again, when its due time moved): the loop timer moves only when it is due sooner."""
+        self.watches.add(watch)
+        if watch.due < self.armed_at:
+            self._arm(watch.due)
+
+    def discard(self, watch: Watch) -> None:
+        self.watches.discard(watch)
+
+    def due(self, now: float) -> tuple[list[Watch], float]:
+        """The watches past due at `now` (no longer watched), and the earliest due time of the others."""
+        past = [watch for watch in self.watches if watch.due <= now]
+        self.watches.difference_update(past)
+        return past, min((watch.due for watch in self.watches), default=math.inf)
+
+    def _arm(self, at: float) -> None:
         if self.handle is not None:
             self.handle.cancel()
-        self.which = which
-        self.handle = loop.call_later(max(left, 0.0), self.fire)
+        self.armed_at = at
+        self.handle = self.loop.call_later(max(at - self.clock(), 0.0), self._fire)
 
-    def fire(self) -> None:
+    def _fire(self) -> None:
         self.handle = None
-        self.fired = True
-        if self.reading is not None and not self.cancelled:
-            self.base = self.reading.cancelling()
-            self.cancelled = True
-            self.reading.cancel()
-
-    def disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-
-    def expired(self, task: asyncio.Task[object]) -> bool:
-        """After a read ended (a cancellation included): whether the alarm cut it, its cancellation withdrawn."""
-        if not self.cancelled:
-            return False
-        self.cancelled = False
-        return task.uncancel() <= self.base
+        self.armed_at = math.inf
+        past, earliest = self.due(self.clock())
+        for watch in past:
+            watch.expire()
+        if earliest < self.armed_at:  # an expired watch may have been added again
+            self._arm(earliest)
 
 
 class Watch:
     """The deadlines of one backend stream, applied by its reader around each read (no generator layer between).
 
-    One timer for the nearest deadline, moved once (first token -> total). A deadline that passes
-    while the caller holds a delta cuts the next read that has to wait, as it would have cut it
-    had the read begun with no time left; a delta ready at once still goes through. The reader:
-    `delta = await anext(watch.reading(stream))`, then `watch.got(delta)`; on `CancelledError`,
-    `watch.cut()` before re-raising; `close()` when done. It must read from the task that made it.
+    A deadline that passes while the caller holds a delta cuts the next read that has to wait, as
+    it would have cut it had the read begun with no time left; a delta ready at once still goes
+    through. The reader: `delta = await anext(watch.reading(stream))`, then `watch.got(delta)`; on
+    `CancelledError`, `watch.cut()` before re-raising; `close()` when done. It must read from the
+    task that made it.
     """
 
-    __slots__ = ("alarm", "clock", "deadlines", "first_token_at", "loop", "started", "task")
+    __slots__ = (
+        "base",
+        "cancelled",
+        "deadlines",
+        "due",
+        "expired",
+        "first_token_at",
+        "kick",
+        "started",
+        "task",
+        "timer",
+        "waiting",
+    )
 
-    def __init__(self, deadlines: Deadlines, clock: Callable[[], float]) -> None:
-        self.loop = asyncio.get_running_loop()
+    def __init__(self, deadlines: Deadlines, timer: Timer, started: float) -> None:
+        """`started`: when the request started, on the timer's clock."""
         self.deadlines = deadlines
-        self.clock = clock
-        self.started = clock()
+        self.timer = timer
+        self.started = started
         self.first_token_at: float | None = None
-        self.alarm = _Alarm()
-        self.alarm.arm(self.loop, *deadlines.next(self.started, None, self.started))
+        self.due = started + min(deadlines.first_token_s, deadlines.total_s)
+        self.waiting = False
+        """Whether a read is in progress (the task is waiting on the stream)."""
+        self.expired = False
+        """The due time passed (a read that has to wait is cut)."""
+        self.cancelled = False
+        """This watch cancelled the task (the cancellation is withdrawn once the read ends)."""
+        self.base = 0
+        """The task's pending cancellations before this watch added one (what `uncancel` returns to)."""
+        self.kick: asyncio.Handle | None = None
+        """The cut scheduled for a read started past due (withdrawn if the read did not have to wait)."""
         task = asyncio.current_task()  # the reading task, once: each lookup is a `getpid` system call
         assert task is not None
         self.task = task
+        timer.add(self)
+
+    def expire(self) -> None:
+        """The due time passed: the read in progress is cancelled; one started later will be."""
+        self.kick = None
+        self.expired = True
+        if self.waiting and not self.cancelled:
+            self.base = self.task.cancelling()
+            self.cancelled = True
+            self.task.cancel()
 
     def reading(self, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-        """A read of `stream` starts: the alarm may cut it from now on (at once if it is past due)."""
-        alarm = self.alarm
-        if alarm.fired:
-            alarm.handle = self.loop.call_soon(alarm.fire)
-        alarm.reading = self.task
+        """A read of `stream` starts: the deadline may cut it from now on (at once if it is past due)."""
+        if self.expired:
+            self.kick = self.timer.loop.call_soon(self.expire)
+        self.waiting = True
         return stream
 
     def cut(self) -> None:
-        """The read was cancelled: `DeadlineExceeded` if the alarm did it (else the caller re-raises)."""
-        alarm = self.alarm
-        alarm.reading = None
-        if alarm.expired(self.task):
-            seconds = self.deadlines.first_token_s if alarm.which == FIRST_TOKEN else self.deadlines.total_s
-            raise DeadlineExceeded(alarm.which, seconds, started=self.first_token_at is not None) from None
+        """The read was cancelled: `DeadlineExceeded` if the deadline did it (else the caller re-raises)."""
+        self.waiting = False
+        if self.cancelled and self._withdrawn():
+            deadlines = self.deadlines
+            first = self.first_token_at is None and deadlines.first_token_s < deadlines.total_s
+            which, seconds = (FIRST_TOKEN, deadlines.first_token_s) if first else (TOTAL, deadlines.total_s)
+            raise DeadlineExceeded(which, seconds, started=self.first_token_at is not None) from None
 
     def got(self, delta: Delta) -> None:
-        """A read ended with `delta`; the first token moves the timer to the total deadline."""
-        alarm = self.alarm
-        alarm.reading = None
-        alarm.expired(self.task)  # a cancellation the stream swallowed is withdrawn; the next read is cut
-        if alarm.fired:
-            alarm.disarm()
+        """A read ended with `delta`; the first token moves the due time to the total deadline."""
+        self.waiting = False
+        if self.cancelled:
+            self._withdrawn()  # a cancellation the stream swallowed is withdrawn; the next read is cut
+        if self.kick is not None:
+            self.kick.cancel()
+            self.kick = None
         if self.first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
-            self.first_token_at = self.clock()
-            if alarm.which == FIRST_TOKEN:  # from now on only the total deadline counts
-                alarm.fired = False
-                alarm.arm(self.loop, *self.deadlines.next(self.started, self.first_token_at, self.first_token_at))
+            self.token(self.timer.clock())
+
+    def token(self, now: float) -> None:
+        """The first token came at `now`: from now on only the total deadline counts."""
+        self.first_token_at = now
+        deadlines = self.deadlines
+        if deadlines.first_token_s < deadlines.total_s:
+            self.expired = False
+            self.due = self.started + deadlines.total_s
+            self.timer.add(self)
 
     def close(self) -> None:
-        self.alarm.reading = None
-        self.alarm.disarm()
+        self.waiting = False
+        if self.kick is not None:
+            self.kick.cancel()
+            self.kick = None
+        self.timer.discard(self)
+
+    def _withdrawn(self) -> bool:
+        """After a read this watch cancelled ended: its cancellation withdrawn; whether it was the only one."""
+        self.cancelled = False
+        return self.task.uncancel() <= self.base
 
 
 async def within(
@@ -150,7 +204,7 @@ async def within(
 ) -> AsyncGenerator[Delta, None]:
     """The deltas of `stream`, or `DeadlineExceeded` as soon as a deadline passes (the read is cancelled):
     a `Watch` around each read, for a reader that is not the router (which applies one itself)."""
-    watch = Watch(deadlines, clock)
+    watch = Watch(deadlines, Timer(asyncio.get_running_loop(), clock), clock())
     try:
         while True:
             try:

@@ -35,7 +35,7 @@ from .backends.base import (
     Usage,
 )
 from .config import RoutingConfig
-from .deadlines import Deadlines, Watch
+from .deadlines import Deadlines, Timer, Watch
 from .errors import BackendError
 from .health import Health, TokenWindow
 from .trim import Count, Counts
@@ -108,6 +108,7 @@ class Router:
         self._probed = asyncio.Event()
         self._reachable: dict[str, bool] = {}
         self._published: dict[str, str] = {}
+        self._timer: Timer | None = None
 
     async def models(self) -> list[str]:
         """The public aliases, plus what each `"*"` deployment lists; an error rather than an empty list
@@ -195,7 +196,7 @@ class Router:
             deployment.in_flight += 1
             start = self.clock()
             pieces = 0
-            watch = Watch(deployment.deadlines, self.clock)  # applied here: no generator layer per delta
+            watch = Watch(deployment.deadlines, self._deadline_timer(), start)  # applied here: no generator layer
             try:
                 stream = deployment.backend.stream(_routed(request, deployment, carry))
                 while True:
@@ -231,6 +232,14 @@ class Router:
             return
         assert last_error is not None
         raise last_error
+
+    def _deadline_timer(self) -> Timer:
+        """The one deadline timer of the running event loop (a router may outlive a loop, in tests)."""
+        loop = asyncio.get_running_loop()
+        timer = self._timer
+        if timer is None or timer.loop is not loop:
+            timer = self._timer = Timer(loop, self.clock)
+        return timer
 
     def _unavailable(self, alias: str) -> BackendError:
         """No candidate: say whether none serves the model or which are resting, why, and for how long."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ from support.wire import API_KEY, completed_ok, run_turn
 from server_shim.backends.base import TextDelta
 from server_shim.backends.sse import bounded_lines
 from server_shim.config import DeploymentConfig, RoutingConfig, ShimConfig
-from server_shim.deadlines import FIRST_TOKEN, TOTAL, Deadlines, within
+from server_shim.deadlines import FIRST_TOKEN, TOTAL, DeadlineExceeded, Deadlines, Timer, Watch, within
 from server_shim.errors import BackendError, redact
 
 
@@ -124,6 +125,65 @@ async def test_a_cancellation_from_outside_is_not_a_deadline():
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.sleep(0.3)  # the deadline's timer went with the stream: nothing fires later
+
+
+class Clock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_timer_picks_the_watches_past_due_by_its_own_clock_and_the_first_token_moves_one_later():
+    clock = Clock()
+    timer = Timer(asyncio.get_running_loop(), clock)
+    soon = Watch(Deadlines(first_token_s=5, total_s=20), timer, clock.now)
+    later = Watch(Deadlines(first_token_s=30, total_s=10), timer, clock.now)  # the total deadline is the nearer
+    assert (soon.due, later.due) == (105, 110)
+    soon.token(101)  # from now on only its total deadline counts
+    clock.now = 112
+    past, earliest = timer.due(clock.now)
+    assert past == [later] and earliest == 120, "the first token moved the first watch to its total deadline"
+    assert timer.due(clock.now) == ([], 120), "a watch past due is handed out once"
+    soon.close()
+    assert timer.due(1_000) == ([], math.inf), "a closed watch is no longer watched"
+    assert timer.handle is not None
+    timer.handle.cancel()
+
+
+async def test_one_timer_cuts_each_stream_at_its_own_deadline_the_later_one_armed_sooner_included():
+    timer = Timer(asyncio.get_running_loop(), time.monotonic)
+
+    async def stalled():
+        await asyncio.sleep(60)
+        yield TextDelta("never")
+
+    async def read(deadlines: Deadlines) -> tuple[str, float]:
+        started = time.monotonic()
+        watch = Watch(deadlines, timer, started)
+        stream = stalled()
+        try:
+            await anext(watch.reading(stream))
+        except asyncio.CancelledError:
+            try:
+                watch.cut()
+            except DeadlineExceeded as exc:
+                return exc.which, time.monotonic() - started
+            raise
+        finally:
+            watch.close()
+            await stream.aclose()
+        raise AssertionError("the stalled read ended")
+
+    slow = asyncio.create_task(read(Deadlines(first_token_s=5, total_s=0.6)))
+    await asyncio.sleep(0.05)  # the timer is armed for the first stream's deadline, then one due sooner comes
+    (which, took), (slow_which, slow_took) = await asyncio.gather(read(Deadlines(0.1, 5)), slow)
+    assert which == FIRST_TOKEN and 0.1 <= took < 0.5
+    assert slow_which == TOTAL and 0.55 <= slow_took < 1.5
+    assert not timer.watches
 
 
 # --- what a backend's error text may tell the client ------------------------------------------------
