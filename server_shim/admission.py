@@ -45,16 +45,38 @@ def tenant_connection_cap(max_connections: int, configured: int | None, tenants:
     return max(1, max_connections // 2) if tenants > 1 else 0
 
 
+def tenant_reserved_connections(max_connections: int, tenant_cap: int, tenants: int) -> int:
+    """WebSocket connections kept for each tenant while it holds fewer: half the server shared evenly among
+    the tenants (0 with fewer than two tenants, or with the per-tenant cap off). The cap alone lets two
+    tenants at half the server each take every slot from a third; the reserve does not, and costs a busy
+    tenant nothing while the others are idle beyond what they may still claim."""
+    if tenants < 2 or not tenant_cap:
+        return 0
+    return min(tenant_cap, max_connections // (2 * tenants))
+
+
 @dataclass
 class ConnectionGate:
     """Server-wide admission of new WebSocket connections and HTTP requests, and each tenant's share of the
-    connections (`tenant_max_connections`, 0: no limit)."""
+    connections: at most `tenant_max_connections` (0: no limit), and while a tenant holds fewer than
+    `tenant_reserved` the server keeps that many slots free for it (`tenants` names how many tenants the
+    keys define; each tenant id passed here must be one of them)."""
 
     max_connections: int
     tenant_max_connections: int = 0
+    tenants: int = 0
     draining: bool = False
     open_connections: int = 0
     _tenants: dict[str | None, int] = field(default_factory=dict)
+    tenant_reserved: int = field(init=False)
+    _unclaimed: int = field(init=False)
+    """Reserved slots not yet used: the sum over tenants of how far each is below `tenant_reserved`."""
+
+    def __post_init__(self) -> None:
+        self.tenant_reserved = tenant_reserved_connections(
+            self.max_connections, self.tenant_max_connections, self.tenants
+        )
+        self._unclaimed = self.tenant_reserved * self.tenants
 
     def admit_connection(self, tenant: str | None = None) -> Refusal | None:
         if self.draining:
@@ -68,22 +90,31 @@ class ConnectionGate:
             )
         held = self._tenants.get(tenant, 0)
         if self.tenant_max_connections and held >= self.tenant_max_connections:
-            return Refusal(
-                503,
-                "tenant_connection_limit_reached",
-                f"This API key holds its maximum of {self.tenant_max_connections} WebSocket connections; "
-                "close one or retry shortly.",
-                1.0,
+            return self._tenant_refusal(
+                f"This API key holds its maximum of {self.tenant_max_connections} WebSocket connections"
+            )
+        if held < self.tenant_reserved:
+            self._unclaimed -= 1
+        elif self.max_connections - self.open_connections <= self._unclaimed:
+            return self._tenant_refusal(
+                f"This API key holds {held} WebSocket connections and the free ones are kept for other API keys "
+                f"(each is sure of {self.tenant_reserved})"
             )
         self.open_connections += 1
         self._tenants[tenant] = held + 1
         return None
+
+    @staticmethod
+    def _tenant_refusal(why: str) -> Refusal:
+        return Refusal(503, "tenant_connection_limit_reached", f"{why}; close one or retry shortly.", 1.0)
 
     def connection_closed(self, tenant: str | None = None) -> None:
         self.open_connections -= 1
         held = self._tenants.pop(tenant, 0) - 1
         if held > 0:
             self._tenants[tenant] = held
+        if held < self.tenant_reserved:
+            self._unclaimed += 1
 
     def admit_request(self) -> Refusal | None:
         return shutting_down() if self.draining else None

@@ -158,6 +158,7 @@ def create_app(
         gate=ConnectionGate(
             settings.max_connections,
             tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants),
+            tenants,
         ),
         limiter=TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute),
         cache_budget=CacheBudget(

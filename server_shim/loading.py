@@ -18,7 +18,7 @@ from typing import Any, get_origin
 from pydantic import BaseModel, ValidationError
 
 from . import redis_store, tracing
-from .admission import tenant_connection_cap
+from .admission import tenant_connection_cap, tenant_reserved_connections
 from .browsers import is_loopback
 from .config import DeploymentConfig, Quirks, RoutingConfig, ServerSection, ShimConfig
 from .settings import Settings, split_list
@@ -80,7 +80,10 @@ class Loaded:
         tenants = len({key.tenant for key in self.keys})
         settings = self.settings
         cap = tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants)
+        reserved = tenant_reserved_connections(settings.max_connections, cap, tenants)
         share = f"each at most {cap} WebSocket connections" if cap else "no per-tenant connection cap"
+        if reserved:
+            share += f", {reserved} kept free for each"
         return f"auth on: {len(self.keys)} api key(s), {tenants} tenant(s), {share}"
 
 

@@ -18,6 +18,8 @@ import httpx2
 import openai
 import pytest
 import websockets
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, ws_url
 from test_shim_state import state
@@ -154,6 +156,30 @@ async def test_one_tenant_cannot_take_every_websocket_slot(make_server):
             assert (await terminal(conn)).type == "response.completed"
         await opened.pop().close()
         opened.append(await ws_connect(ws_url(server), additional_headers={"Authorization": "Bearer k1"}))
+    finally:
+        for ws in opened:
+            await ws.close()
+
+
+async def test_a_third_tenant_gets_its_reserved_slot_on_a_real_server(make_server):
+    """Two tenants at their caps (3 and 2 of 6 slots) leave the third its reserved one; over the wire, with
+    the refusal's code and the served tenant's turn completing."""
+    server = make_server(api_keys=["alice k1", "bob k2", "carol k3"], max_connections=6)
+
+    async def open_as(key: str) -> Any:
+        return await ws_connect(ws_url(server), additional_headers={"Authorization": f"Bearer {key}"})
+
+    opened = [await open_as("k1") for _ in range(3)] + [await open_as("k2") for _ in range(2)]
+    try:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await open_as("k2")
+        body = json.loads(refused.value.response.body)["error"]
+        assert refused.value.response.status_code == 503 and body["code"] == "tenant_connection_limit_reached"
+        assert "kept for other API keys" in body["message"]
+        carol = AsyncOpenAI(base_url=server.base_url, api_key="k3", max_retries=0)
+        async with carol, carol.responses.connect() as conn:
+            await conn.response.create(model=MODEL, input="carol is served", store=False)
+            assert (await terminal(conn)).type == "response.completed"
     finally:
         for ws in opened:
             await ws.close()
@@ -391,3 +417,49 @@ async def test_over_http_on_redis_a_tenants_quota_keeps_its_newest_conversation_
         on = await alice.responses.create(model=MODEL, input="and on", previous_response_id=ids[-1])
         assert on.status == "completed"
         assert (await bob.responses.retrieve(kept.id)).id == kept.id
+
+
+def test_two_busy_tenants_cannot_shut_out_a_third():
+    """Attack leftover: with three tenants and the half-server cap, two tenants took all 6 slots."""
+    gate = ConnectionGate(max_connections=6, tenant_max_connections=3, tenants=3)
+    assert gate.tenant_reserved == 1
+    assert all(gate.admit_connection("a") is None for _ in range(3))
+    assert gate.admit_connection("b") is None and gate.admit_connection("b") is None
+    refusal = gate.admit_connection("b")
+    assert refusal is not None and refusal.code == "tenant_connection_limit_reached"
+    assert "kept for other API keys" in refusal.message and "holds 2" in refusal.message
+    assert gate.admit_connection("c") is None, "c is below its reserve: a slot was kept for it"
+    assert gate.open_connections == 6
+
+
+def test_no_reserve_with_one_tenant_or_the_tenant_cap_off():
+    assert ConnectionGate(max_connections=6, tenant_max_connections=0, tenants=3).tenant_reserved == 0
+    assert ConnectionGate(max_connections=6, tenants=1).tenant_reserved == 0
+    gate = ConnectionGate(max_connections=6, tenants=0)
+    assert all(gate.admit_connection(None) is None for _ in range(6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=2, max_value=5),
+    st.integers(min_value=4, max_value=40),
+    st.lists(st.tuples(st.booleans(), st.integers(min_value=0, max_value=4)), max_size=200),
+)
+def test_a_tenant_below_its_reserve_is_always_admitted(tenants, max_connections, steps):
+    """Any order of opens and closes: the server cap and the tenant cap hold, and a tenant under its reserve
+    is never refused (what the reserve promises)."""
+    cap = tenant_connection_cap(max_connections, None, tenants)
+    gate = ConnectionGate(max_connections=max_connections, tenant_max_connections=cap, tenants=tenants)
+    held = [0] * tenants
+    for opening, who in steps:
+        tenant = who % tenants
+        if opening:
+            refusal = gate.admit_connection(str(tenant))
+            if held[tenant] < gate.tenant_reserved:
+                assert refusal is None
+            held[tenant] += refusal is None
+        elif held[tenant]:
+            gate.connection_closed(str(tenant))
+            held[tenant] -= 1
+        assert gate.open_connections == sum(held) <= max_connections
+        assert max(held) <= cap
