@@ -24,12 +24,12 @@ from .compaction import expand_compactions
 from .errors import APIError, BackendError, model_not_found
 from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, not_stored, response_object
 from .history import History
-from .items import CALL_TYPES, normalize_input, resolve_references, validate_items
+from .items import normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
 from .postinference import TurnInfo
 from .requests import CreateRequest
 from .safety import run_classifiers, run_validators
-from .state import ConnectionCache, ResponseState, shared_tools
+from .state import ConnectionCache
 from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
 from .tools import plan_tools, restore_calls
@@ -368,25 +368,7 @@ class Turn:
         return events
 
     async def _finalize(self, response: dict, plan: TurnPlan) -> None:
-        output = response["output"]
-        state = ResponseState(
-            response=response,
-            input_items=plan.new_items,
-            output_items=output,
-            tools=shared_tools(self.request.tools or [], response, plan.previous),
-            chat_tools=plan.tools,
-            history=plan.history.extend(output),
-            call_ids=with_calls(plan.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
-            deployment=plan.deployment,
-            carry=dict(plan.carry),
-            tenant=self.tenant,
-            base_held=plan.base_held,
-            tools_held=plan.held.tools,
-            echo_held=plan.held.echo,
-            checks=plan.prior_checks | plan.checks.states,
-            tokens=plan.tokens,
-            parent=plan.previous,
-        )
+        state = plan.state(response, self.request, self.tenant)
         if self.cache is not None:
             self.cache.put(state)
         if self.request.stores:

@@ -14,20 +14,21 @@ from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendRequest, Carry, Routed
+from .callids import with_calls
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
 from .errors import APIError, BackendError
 from .events import echoed_fields
 from .footprint import footprint_in_slices
 from .history import History
-from .items import Item
+from .items import CALL_TYPES, Item
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .safety import Classifier, Validator
 from .stages import StageClock
-from .state import ECHO_DEFAULT_SIZES, ConnectionCache, ResponseState, ResponseStore, RunningResponses
+from .state import ECHO_DEFAULT_SIZES, ConnectionCache, ResponseState, ResponseStore, RunningResponses, shared_tools
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 
@@ -95,6 +96,28 @@ class TurnPlan:
         if isinstance(delta, Routed):
             self.deployment = delta.deployment
         self.carry = delta.carry if isinstance(delta, Routed) else delta.values
+
+    def state(self, response: dict[str, Any], request: CreateRequest, tenant: str | None) -> ResponseState:
+        """What the finished turn leaves for the next one: its Response object, its history through the output."""
+        output = response["output"]
+        return ResponseState(
+            response=response,
+            input_items=self.new_items,
+            output_items=output,
+            tools=shared_tools(request.tools or [], response, self.previous),
+            chat_tools=self.tools,
+            history=self.history.extend(output),
+            call_ids=with_calls(self.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
+            deployment=self.deployment,
+            carry=dict(self.carry),
+            tenant=tenant,
+            base_held=self.base_held,
+            tools_held=self.held.tools,
+            echo_held=self.held.echo,
+            checks=self.prior_checks | self.checks.states,
+            tokens=self.tokens,
+            parent=self.previous,
+        )
 
     def backend_request(self, request: CreateRequest, connection_id: str | None, stages: StageClock) -> BackendRequest:
         """What the backend gets for this turn."""
