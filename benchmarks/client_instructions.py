@@ -1,6 +1,6 @@
 """Instructions per turn of the `client` suite's clients, counted by valgrind (callgrind).
 
-    python -m benchmarks.client_instructions [--turns 100] [--warm-up 20] [--clients floor,wrap,wrap_async,wrap_stream]
+    python -m benchmarks.client_instructions [CHECKOUT ...] [--turns 100] [--warm-up 20] [--clients floor,wrap,wrap_async,wrap_stream]
 
 The `client` suite's CPU times move with the load of a shared machine by more than most single
 changes save; an instruction count does not. The suite's tool loop (every reply a
@@ -9,7 +9,13 @@ changes save; an instruction count does not. The suite's tool loop (every reply 
 each client runs in its own process under `valgrind --tool=callgrind`, counted only over the
 turns after the warm-up (started and stopped with `callgrind_control` between turns), every
 thread of the process included (the sync client's loop thread). The count is divided by the
-turns and shown as a ratio to the floor client's. Needs valgrind on PATH; ~1-2 minutes.
+turns and shown as a ratio to the floor client's. Needs valgrind on PATH; ~1-2 minutes a client.
+
+Each CHECKOUT (a directory holding a `ws_transport/`, default this one) has its `ws_transport`
+clients counted in the same run, so a change is compared with its base side by side (e.g. a
+`git archive` of `main` unpacked in /tmp): the loop, the floor server and the floor client are this
+checkout's, only the product modules (`ws_transport`, `chat_mapping`, `server_shim`) are imported
+from the checkout. The floor client is counted once.
 """
 
 from __future__ import annotations
@@ -33,6 +39,18 @@ from .common import Subprocess, free_port, shim_command
 from .report import format_table
 
 CLIENTS = ("floor", "wrap", "wrap_async", "wrap_stream")
+HERE = Path(__file__).resolve().parent.parent
+BOOT = """import sys
+checkout, here = sys.argv[1], sys.argv[2]
+sys.path[:0] = [checkout]
+import chat_mapping, server_shim.demo, ws_transport  # the product under test, from the checkout
+if not ws_transport.__file__.startswith(checkout + "/"):
+    sys.exit(f"ws_transport was imported from {ws_transport.__file__}, not from {checkout}")
+sys.path[0] = here
+from benchmarks.client_instructions import main
+sys.exit(main(sys.argv[3:]))
+"""
+"""The counted child: the checkout's product modules imported first, then this checkout's loop."""
 
 
 def run_child(name: str, port: int, call_id: str, warm_up: int, turns: int) -> None:
@@ -53,8 +71,10 @@ def run_child(name: str, port: int, call_id: str, warm_up: int, turns: int) -> N
         asyncio.run(wrap_async_client(base_url, total, before=gate))
 
 
-def count(name: str, port: int, call_id: str, warm_up: int, turns: int, keep: Path | None = None) -> float:
-    """Instructions per turn of client `name` (its callgrind profile kept in `keep` when given)."""
+def count(
+    name: str, port: int, call_id: str, warm_up: int, turns: int, checkout: Path = HERE, keep: Path | None = None
+) -> float:
+    """Instructions per turn of client `name` with `checkout`'s product (its callgrind profile kept in `keep`)."""
     with tempfile.TemporaryDirectory(prefix="responses-ws-client-instructions-") as scratch:
         log = Path(scratch) / "valgrind.log"
         cmd = [
@@ -64,8 +84,10 @@ def count(name: str, port: int, call_id: str, warm_up: int, turns: int, keep: Pa
             f"--callgrind-out-file={scratch}/cg.out",
             f"--log-file={log}",
             sys.executable,
-            "-m",
-            "benchmarks.client_instructions",
+            "-c",
+            BOOT,
+            str(checkout),
+            str(HERE),
             "--child",
             name,
             str(port),
@@ -74,7 +96,8 @@ def count(name: str, port: int, call_id: str, warm_up: int, turns: int, keep: Pa
             str(turns),
         ]
         env = dict(os.environ, PYTHONHASHSEED="0")
-        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        popen = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "env": env, "cwd": scratch}
+        with subprocess.Popen(cmd, **popen) as proc:  # type: ignore[call-overload]
             assert proc.stdin is not None and proc.stdout is not None
             for switch in ("on", "off"):
                 _wait_mark(proc.stdout, log)
@@ -87,7 +110,7 @@ def count(name: str, port: int, call_id: str, warm_up: int, turns: int, keep: Pa
             raise RuntimeError(f"no instruction count from valgrind for {name}: {log.read_text()[-2000:]}")
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            shutil.copy(Path(scratch) / "cg.out", keep / f"callgrind.{name}.out")
+            shutil.copy(Path(scratch) / "cg.out", keep / f"callgrind.{label(name, checkout)}.out")
     return int(found.group(1)) / turns
 
 
@@ -97,10 +120,21 @@ def _wait_mark(stdout: IO[str], log: Path) -> None:
         raise RuntimeError(f"the counted client stopped early: {line!r} {log.read_text(errors='replace')[-2000:]}")
 
 
+def label(name: str, checkout: Path) -> str:
+    """A client's name, with its checkout's when it is not this one."""
+    return name if checkout == HERE or name == "floor" else f"{name}@{checkout.name}"
+
+
 def measure(
-    clients: list[str], warm_up: int, turns: int, progress: Callable[[str], None], keep: Path | None = None
+    clients: list[str],
+    warm_up: int,
+    turns: int,
+    progress: Callable[[str], None],
+    keep: Path | None = None,
+    checkouts: list[Path] | None = None,
 ) -> dict[str, float]:
-    """Capture a turn's frames from the shim, serve them from the floor server, count each client."""
+    """Capture a turn's frames from the shim, serve them from the floor server, count each client
+    (the floor client once, the others once per checkout)."""
     with tempfile.TemporaryDirectory(prefix="responses-ws-client-instructions-") as scratch:
         shim_port, floor_port = free_port(), free_port()
         ready = f"http://127.0.0.1:{shim_port}/healthz"
@@ -112,9 +146,13 @@ def measure(
         ready = f"http://127.0.0.1:{floor_port}/healthz"
         counts = {}
         with Subprocess(floor_cmd, ready_url=ready, log_path=Path(scratch) / "floor.log"):
-            for name in clients:
-                counts[name] = count(name, floor_port, _call_id(frames[-1]), warm_up, turns, keep)
-                progress(f"{name}: {counts[name]:,.0f} instructions per turn")
+            for checkout in checkouts or [HERE]:
+                for name in clients:
+                    if name == "floor" and "floor" in counts:
+                        continue
+                    key = label(name, checkout)
+                    counts[key] = count(name, floor_port, _call_id(frames[-1]), warm_up, turns, checkout, keep)
+                    progress(f"{key}: {counts[key]:,.0f} instructions per turn")
     return counts
 
 
@@ -124,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--turns", type=int, default=100, help="counted turns, after the warm-up")
     parser.add_argument("--warm-up", type=int, default=20)
+    parser.add_argument("checkouts", nargs="*", type=Path, default=[HERE], help="directories holding a ws_transport/")
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--keep", type=Path, help="keep each client's callgrind profile in this folder")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -133,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         run_child(name, int(port), call_id, int(warm_up), int(turns))
         return 0
     clients = args.clients.split(",")
+    checkouts = [checkout.resolve() for checkout in args.checkouts]
+    names = {checkout.name for checkout in checkouts if checkout != HERE}
+    if len(names) != len(checkouts) - (HERE in checkouts):
+        parser.error("give the checkouts directory names of their own")
     counts = measure(
-        clients, args.warm_up, args.turns, lambda line: print(line, file=sys.stderr, flush=True), args.keep
+        clients, args.warm_up, args.turns, lambda line: print(line, file=sys.stderr, flush=True), args.keep, checkouts
     )
     floor = counts.get("floor")
     rows = [["client", "instructions per turn", "x floor"]]
