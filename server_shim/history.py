@@ -110,7 +110,11 @@ class History:
         `extend(rendering, batch)` returns a new rendering (renderings are shared between
         histories) of the old one followed by one batch of items.
         """
-        covered, rendering = next(((n, r) for k, n, r in self._renderings if k == key), (0, empty))
+        covered, rendering, found = 0, empty, -1
+        for index, (k, n, r) in enumerate(self._renderings):  # a loop, not a generator: one renderer is usual
+            if k == key:
+                covered, rendering, found = n, r, index
+                break
         if covered < self.batches:
             new: list[tuple[Item, ...]] = []
             node: History | None = self
@@ -120,7 +124,8 @@ class History:
                 node = node.parent
             for batch in reversed(new):
                 rendering = extend(rendering, batch)
-            others = tuple(entry for entry in self._renderings if entry[0] != key)
+            cached = self._renderings
+            others = cached if found < 0 else cached[:found] + cached[found + 1 :]
             self._renderings = (*others, (key, self.batches, rendering))
         return rendering
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from server_shim.backends import SimulatedBackend
-from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage
+from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCallDelta, Usage, encode, estimate_tokens
+from server_shim.backends.chat_convert import chat_prompt, render_items
 from server_shim.backends.simulated import MAX_OUTPUT_TOKENS
 from server_shim.history import History
 
@@ -84,6 +87,35 @@ async def test_the_cached_prefix_is_reported_as_cached_tokens():
     assert 0 < usage.cached_tokens < usage.input_tokens
     first = await collect(SimulatedBackend(), request([user("x" * 400)]))
     assert next(d for d in first if isinstance(d, Usage)).cached_tokens == 0
+
+
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": []}
+CALL = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"}
+OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "seven"}
+
+
+@pytest.mark.parametrize(
+    ("previous", "items", "previous_items"),
+    [
+        ([user("x" * 400)], [user("y" * 400)], None),  # a chained turn: the newest batch is the input
+        ([user("x" * 400), CALL], [OUTPUT, user("and then?")], None),  # a tool output and steering input
+        ([user("x" * 400)], [REASONING], None),  # an input that renders to no message
+        ([user("x" * 400), CALL], [user("after a call")], 1),  # the input starts before the newest batch
+        ([user("x" * 400)], [user("y" * 40)], 0),  # a tail the turn re-sends whole (truncated)
+    ],
+)
+async def test_cached_tokens_count_the_prompt_before_this_turns_input_as_chat_messages(previous, items, previous_items):
+    """What the simulator reports as cached: the rendered prompt less this turn's input rendered on its own,
+    whether the input is the newest batch (read from the prompt's newest segment) or not (rendered again)."""
+    req = request(items, previous=previous)
+    if previous_items is not None:
+        req.previous_items = previous_items
+    prompt = chat_prompt(req.history)
+    new = sum(len(encode(m)) + 1 for m in render_items(req.new_items))
+    input_tokens = estimate_tokens(prompt.nbytes)
+    cached = estimate_tokens(prompt.nbytes - new) if prompt.nbytes > new else 0
+    usage = next(d for d in await collect(SimulatedBackend(), req) if isinstance(d, Usage))
+    assert (usage.input_tokens, usage.cached_tokens) == (input_tokens, min(cached, input_tokens))
 
 
 async def test_time_to_first_token_and_tokens_per_second_are_honoured():

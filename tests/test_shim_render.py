@@ -9,7 +9,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
-from server_shim.backends.chat_convert import ChatPrompt, encode, render_items
+from server_shim.backends.chat_convert import ChatPrompt, encode, fragments_held, render_items, renders
+from server_shim.footprint import footprint
 
 MESSAGE = TypeAdapter(ChatCompletionMessageParam)
 
@@ -160,6 +161,28 @@ def test_a_tool_output_given_as_parts_renders_as_text():
 @pytest.mark.parametrize("item", [{"type": "reasoning", "id": "rs_1", "summary": []}])
 def test_items_without_a_chat_form_render_nothing(item):
     assert render_items([item]) == []
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [user("hi")],
+        [{"type": "reasoning", "id": "rs_1", "summary": []}],
+        *AGENT_LOOP,
+        [{"role": "user", "content": "x"}],
+    ],
+)
+def test_whether_a_batch_renders_is_known_without_rendering_it(batch):
+    assert renders(batch) == bool(render_items(batch))
+
+
+def test_a_segments_size_and_held_bytes_are_what_its_fragments_take():
+    prompt = chained(AGENT_LOOP)
+    node = prompt
+    while node is not None:
+        assert node.own_nbytes == sum(len(f) + 1 for f in node.own_fragments)
+        assert fragments_held(node.own_fragments) == footprint(node.own_fragments)
+        node = node.parent
 
 
 def test_a_long_chain_holds_each_message_once_and_reads_back_in_order():

@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 
-from ..footprint import footprint
 from ..history import History, Item
 from ..tools import NAMESPACE_SEPARATOR, chat_tool_choice, chat_tools
 from .base import BackendRequest, encode
@@ -34,7 +33,7 @@ RENDERING = "chat"
 """The key of the chat rendering in a `History`'s cache."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class ChatPrompt:
     """The history as chat messages (instructions excluded), kept as their JSON encodings only.
 
@@ -44,7 +43,8 @@ class ChatPrompt:
     message dict: the strings of a dict would be shared with the items, but its containers cost
     about as much again as the fragments, and only rare paths (a tokenizer, the guard simulator)
     read messages back, decoding them. `messages` and `fragments` walk the chain (O(N), as the
-    backend body join is).
+    backend body join is). Immutable once made, though not `frozen` (a frozen dataclass sets
+    each field through `object.__setattr__`: a third of what a segment cost to make, two a turn).
     """
 
     parent: ChatPrompt | None = field(default=None, repr=False)
@@ -60,13 +60,13 @@ class ChatPrompt:
         if not messages:
             return self
         # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
-        fragments = tuple(bytes(memoryview(encode(m))) for m in messages)
+        fragments = tuple([bytes(memoryview(encode(m))) for m in messages])
         return ChatPrompt(
             self if self.count else None,
             fragments,
             self.count + len(fragments),
-            self.nbytes + sum(len(f) + 1 for f in fragments),
-            self.held + SEGMENT_HELD + footprint(fragments),
+            self.nbytes + sum(map(len, fragments)) + len(fragments),
+            self.held + SEGMENT_HELD + fragments_held(fragments),
         )
 
     def _segments(self) -> list[ChatPrompt]:
@@ -96,6 +96,11 @@ class ChatPrompt:
     __hash__ = None  # type: ignore[assignment]
 
     @property
+    def own_nbytes(self) -> int:
+        """JSON bytes of this segment's messages (what `nbytes` counts for them)."""
+        return self.nbytes - (self.parent.nbytes if self.parent is not None else 0)
+
+    @property
     def last_message(self) -> Message | None:
         """The newest message, decoded (a new dict each call)."""
         return orjson.loads(self.own_fragments[-1]) if self.own_fragments else None
@@ -109,10 +114,19 @@ class ChatPrompt:
 SEGMENT_HELD = sys.getsizeof(ChatPrompt())
 """The segment object itself, beside its fragments."""
 
+EMPTY = ChatPrompt()
+"""The rendering of no items, where every history's rendering starts."""
+
+
+def fragments_held(fragments: tuple[bytes, ...]) -> int:
+    """`footprint(fragments)` without its walk: the tuple (with its collector header, as `sys.getsizeof`
+    counts it) and each fragment, which is exactly `bytes`."""
+    return sys.getsizeof(fragments) + sum(map(bytes.__sizeof__, fragments))
+
 
 def chat_prompt(history: History) -> ChatPrompt:
     """The history's chat rendering: the cached one for its longest rendered prefix, extended by the rest."""
-    return history.rendering(RENDERING, ChatPrompt(), _extend)
+    return history.rendering(RENDERING, EMPTY, _extend)
 
 
 def _extend(prompt: ChatPrompt, batch: Sequence[Item]) -> ChatPrompt:
@@ -202,6 +216,12 @@ def render_items(items: Sequence[Item]) -> list[Message]:
 
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _CALLS = frozenset({"function_call", "custom_tool_call"})
+_RENDERED = frozenset({"message", *_CALLS, *_OUTPUTS})
+
+
+def renders(items: Sequence[Item]) -> bool:
+    """Whether `render_items(items)` has any message (every other item type is dropped), without rendering."""
+    return any(item.get("type", "message") in _RENDERED for item in items)
 
 
 def _outputs_first(items: Sequence[Item]) -> Sequence[Item]:
@@ -211,7 +231,10 @@ def _outputs_first(items: Sequence[Item]) -> Sequence[Item]:
     the item order stays as the API defines it, but a chat model needs each tool message right
     after the assistant message that made the call.
     """
-    if not any(item.get("type") in _OUTPUTS for item in items):
+    for item in items:  # a loop, not `any()` over a generator: most batches are one item
+        if item.get("type") in _OUTPUTS:
+            break
+    else:
         return items
     ordered: list[Item] = []
     index = 0
@@ -236,8 +259,14 @@ def _is_user(item: Item) -> bool:
     return item.get("type", "message") == "message" and item.get("role") == "user"
 
 
+_TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
+
+
 def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    if all(p.get("type") in ("input_text", "output_text", "refusal") for p in parts):
+    for part in parts:  # a loop, not `all()` over a generator: most contents are one text part
+        if part.get("type") not in _TEXT_PARTS:
+            break
+    else:
         return _text_of(parts)
     chat_parts: list[dict[str, Any]] = []
     for part in parts:

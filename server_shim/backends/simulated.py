@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, estimate_tokens
-from .chat_convert import ChatPrompt, chat_prompt, chat_tools_and_choice, render_items
+from .chat_convert import ChatPrompt, Message, chat_prompt, chat_tools_and_choice, render_items, renders
 from .json_instance import json_text
 
 DEFAULT_TOKENS = 16
@@ -68,7 +68,8 @@ class SimulatedBackend:
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
-        call = None if self.guard else _requested_call(request, prompt)
+        last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
+        call = None if self.guard else _requested_call(request, last)
         budget = _budget(request)
         cut = False
         if self.guard:
@@ -79,18 +80,21 @@ class SimulatedBackend:
         else:
             structured = _structured(request.options.get("response_format"))
             if structured is None:
-                pieces, cut = _text_pieces(request, prompt), (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
+                pieces, cut = _text_pieces(request, last), (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
             else:
                 text, cut = _bounded(structured, budget * CHARS_PER_TOKEN)
                 pieces = (TextDelta(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN))
-        pacer = _Pacer(self.ttft_s, self.tokens_per_s)
+        pacer = _Pacer(self.ttft_s, self.tokens_per_s) if self.ttft_s > 0 or self.tokens_per_s > 0 else None
         output_tokens = 0
-        for index, piece in enumerate(pieces):
-            await pacer.wait(index)
+        for piece in pieces:
+            if pacer is not None:
+                await pacer.wait(output_tokens)
+            elif output_tokens % 64 == 63:
+                await asyncio.sleep(0)  # unpaced: other connections still get the loop every 64 tokens
             output_tokens += 1
             yield piece
         input_tokens = estimate_tokens(prompt.nbytes + len(request.instructions or ""))
-        cached_nbytes = prompt.nbytes - sum(len(encode(m)) + 1 for m in render_items(request.new_items))
+        cached_nbytes = prompt.nbytes - _new_nbytes(request, prompt)
         cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
         yield Finish("length" if cut else "tool_calls" if call else "stop")
@@ -119,6 +123,19 @@ class _Pacer:
             await asyncio.sleep(0)
 
 
+def _new_nbytes(request: BackendRequest, prompt: ChatPrompt) -> int:
+    """The JSON bytes of this turn's input as chat messages: what the prompt adds to the previous turn's.
+
+    When the input is the history's newest batch (every chained turn), the rendering's newest
+    segment already holds it (a batch renders into one segment, or none when nothing in it is a
+    chat message), so nothing is rendered again; otherwise the new items are rendered on their own.
+    """
+    history = request.history
+    if history.own and history.count - len(history.own) == request.previous_items:
+        return prompt.own_nbytes if renders(history.own) else 0
+    return sum(len(encode(m)) + 1 for m in render_items(request.new_items))
+
+
 def _budget(request: BackendRequest) -> int:
     """The output tokens this response may have: `max_output_tokens`, never more than `MAX_OUTPUT_TOKENS`."""
     asked = request.max_output_tokens
@@ -138,11 +155,10 @@ def _bounded(chunks: Iterator[str], limit: int) -> tuple[str, bool]:
     return "".join(parts), False
 
 
-def _text_pieces(request: BackendRequest, prompt: ChatPrompt) -> Iterator[Delta]:
+def _text_pieces(request: BackendRequest, last: Message | None) -> Iterator[Delta]:
     """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
     count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
     count = min(count, MAX_OUTPUT_TOKENS)
-    last = prompt.last_message
     if last is not None and last["role"] == "tool":
         yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
         count -= 1
@@ -159,8 +175,7 @@ def _structured(response_format: Any) -> Iterator[str] | None:
     return None
 
 
-def _requested_call(request: BackendRequest, prompt: ChatPrompt) -> tuple[str, Iterator[str]] | None:
-    last = prompt.last_message
+def _requested_call(request: BackendRequest, last: Message | None) -> tuple[str, Iterator[str]] | None:
     tools, choice = chat_tools_and_choice(request)
     if not tools:
         return None
