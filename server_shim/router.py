@@ -126,7 +126,10 @@ class Router:
         return sorted(aliases)
 
     def serves_model(self, alias: str) -> bool:
-        return any(d.serves(alias) for d in self.deployments.values())
+        for deployment in self.deployments.values():  # noqa: SIM110 - not any() over a generator: asked every turn
+            if deployment.serves(alias):
+                return True
+        return False
 
     def hosted_policy(self, alias: str, sticky: str | None) -> str:
         """The hosted-tool policy of the deployment a turn will most likely run on."""
@@ -150,17 +153,18 @@ class Router:
         """Deployments to try, best first: the sticky one if usable, else a fresh resolution.
 
         Lazy: a conversation that stays on its sticky deployment never resolves again; the others
-        are resolved only when it fails over.
+        are resolved only when it fails over (no generator is left suspended after a turn that did not).
         """
         if sticky is not None:
             deployment = self.deployments.get(sticky)
             if deployment is not None and deployment.health.available(self.clock()) and deployment.serves(alias):
                 self.stats.sticky_reuses += 1
-                yield deployment
-                yield from (d for d in self._resolve(alias) if d is not deployment)
-                return
+                return itertools.chain((deployment,), self._others(alias, deployment))
         self.stats.resolutions += 1
-        yield from self._resolve(alias)
+        return iter(self._resolve(alias))
+
+    def _others(self, alias: str, first: Deployment) -> Iterator[Deployment]:
+        yield from (d for d in self._resolve(alias) if d is not first)
 
     def _resolve(self, alias: str) -> list[Deployment]:
         serving = [d for d in self.deployments.values() if d.serves(alias)]
@@ -179,14 +183,11 @@ class Router:
         """The first candidate's deltas; one that fails before its first delta hands over to the next.
         The deadlines (`Watch`) and the per-delta bookkeeping are applied here, in no generator of their own."""
         candidates = self.candidates(request.model, request.deployment)
-        first = next(candidates, None)
         if request.stages is not None:
             request.stages.mark("route")
-        if first is None:
-            raise self._unavailable(request.model)
         last_error: BackendError | None = None
         previous: Deployment | None = None
-        for deployment in itertools.chain((first,), candidates):
+        for deployment in candidates:
             if previous is not None:
                 self.stats.failovers += 1
                 log.warning("failing over from %s to %s", previous.name, deployment.name)
@@ -211,7 +212,8 @@ class Router:
                     if isinstance(delta, (TextDelta, ToolCallDelta)):
                         pieces += 1
                     elif isinstance(delta, Usage):
-                        deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
+                        if deployment.tokens_per_minute is not None:  # only its limit reads the window
+                            deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
                     elif isinstance(delta, Carry):
                         carry = delta.values
                         continue
@@ -226,12 +228,10 @@ class Router:
             finally:
                 watch.close()
                 deployment.in_flight -= 1
-                self._publish(deployment)
             self._succeeded(deployment, start, watch.first_token_at, pieces)
             yield Routed(deployment.name, carry)
             return
-        assert last_error is not None
-        raise last_error
+        raise last_error or self._unavailable(request.model)
 
     def _deadline_timer(self) -> Timer:
         """The one deadline timer of the running event loop (a router may outlive a loop, in tests)."""
@@ -262,6 +262,7 @@ class Router:
             deployment.health.rate_limited(exc.retry_after_s or self.routing.cooldown_s, self.clock())
         elif exc.backend_fault:  # a request the backend refused (4xx) is that client's, not the backend's
             deployment.health.failure(self.clock())
+        self._publish(deployment)
 
     def _succeeded(self, deployment: Deployment, start: float, first: float | None, pieces: int) -> None:
         end = self.clock()

@@ -114,6 +114,18 @@ async def test_sticky_route_is_reused_without_resolving_again():
     assert r.stats.sticky_reuses == 5
 
 
+async def test_a_deployment_past_its_tokens_per_minute_is_tried_last_until_its_window_passes():
+    clock = Clock()
+    a, b = Flaky("a"), Flaky("b")
+    r = router(a, b, clock=clock)
+    r.deployments["a"].tokens_per_minute = 5
+    assert await served_by(r, request()) == "a"  # its input and 3 output tokens: 5 or more
+    assert await served_by(r, request()) == "b", "a has no capacity left this minute"
+    assert await served_by(r, request(deployment="a")) == "a", "a sticky route is not moved by the token window"
+    clock.advance(61)
+    assert await served_by(r, request()) == "a"
+
+
 async def test_failure_before_first_token_fails_over_and_output_is_not_duplicated():
     a, b = Flaky("a", fail_times=1), Flaky("b")
     r = router(a, b)
