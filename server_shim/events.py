@@ -15,8 +15,11 @@ from openai.types.responses.response_create_params import ResponseCreateParamsBa
 from pydantic import BaseModel
 
 from .backends.base import Delta, Finish, TextDelta, ToolCallDelta, Usage
+from .event_frames import MessageFrames, event_tail, response_metadata
 
 Event = dict[str, Any]
+Sent = Event | bytes
+"""An event as a dict, or already encoded (`event_frames`) for the WebSocket."""
 
 
 ID_BYTES = 16
@@ -59,6 +62,14 @@ class EventSequence:
     def __init__(self, stream_id: str | None = None) -> None:
         self.stream_id = stream_id
         self.next = 0
+        self.tail = event_tail(stream_id)
+        """How each of its events ends when encoded from a template (`event_frames`)."""
+
+    def take(self, count: int) -> int:
+        """Number `count` events encoded elsewhere (`event_frames`); the first one's number."""
+        first = self.next
+        self.next += count
+        return first
 
     def __call__(self, type_: str, **fields: Any) -> Event:
         event = {"type": type_, "sequence_number": self.next, **fields}
@@ -74,18 +85,24 @@ class _OpenItem:
     index: int
     text: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    frames: MessageFrames | None = None
+    """Its events' templates, when they are sent encoded."""
 
 
 class OutputAssembler:
     """Turns backend deltas into stream events and the final output items.
 
     Text opens a message item; each tool-call index opens a function_call item. An item is
-    closed when another kind starts or the stream finishes.
+    closed when another kind starts or the stream finishes. `encoded`: a message's events are
+    encoded from templates (`event_frames`), for the WebSocket; tool calls' are dicts on every path.
     """
 
-    def __init__(self, seq: EventSequence) -> None:
+    def __init__(self, seq: EventSequence, *, encoded: bool = False) -> None:
         self.seq = seq
+        self.encoded = encoded
         self.output: list[dict[str, Any]] = []
+        self.output_json: list[bytes] = []
+        """The output items' JSON, as their `output_item.done` events had it (encoded messages only)."""
         self.usage: Usage | None = None
         self.finish: str = "stop"
         self._message: _OpenItem | None = None
@@ -96,7 +113,7 @@ class OutputAssembler:
         """Whether a tool call has begun: the response must then end with its calls, not be cut short."""
         return bool(self._calls)
 
-    def feed(self, delta: Delta) -> list[Event]:
+    def feed(self, delta: Delta) -> list[Sent]:
         if isinstance(delta, TextDelta):
             return self._text(delta.text, delta.logprobs)
         if isinstance(delta, ToolCallDelta):
@@ -107,27 +124,26 @@ class OutputAssembler:
             self.finish = delta.reason
         return []
 
-    def close(self, status: str = "completed") -> list[Event]:
+    def close(self, status: str = "completed") -> list[Sent]:
         events = self._close_message(status)
         for open_call in self._calls.values():
             events.extend(self._close_call(open_call, status))
         self._calls.clear()
         return events
 
-    def _text(self, text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Event]:
-        events: list[Event] = []
+    def _text(self, text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Sent]:
+        events: list[Sent] = []
         if self._message is None:
             if self._calls:
                 events.extend(self.close())
-            item = {
-                "id": new_id("msg"),
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
+            item_id = new_id("msg")
+            item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
             self._message = _OpenItem(item, len(self.output))
             self.output.append(item)
+            if self.encoded:
+                self._message.frames = MessageFrames(item_id, self._message.index, self.seq.tail)
+                events.extend(self._message.frames.opened(self.seq.take(2)))
+                return self._delta(events, text, logprobs)
             events.append(
                 self.seq(
                     "response.output_item.added",
@@ -144,8 +160,17 @@ class OutputAssembler:
                     part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
                 )
             )
+        return self._delta(events, text, logprobs)
+
+    def _delta(self, events: list[Sent], text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Sent]:
+        assert self._message is not None
         self._message.text.append(text)
         self._message.logprobs.extend(logprobs)
+        frames = self._message.frames
+        if frames is not None and (frame := frames.delta(self.seq.next, text, logprobs)) is not None:
+            events.append(frame)
+            self.seq.next += 1
+            return events
         events.append(
             self.seq(
                 "response.output_text.delta",
@@ -158,7 +183,7 @@ class OutputAssembler:
         )
         return events
 
-    def _tool_call(self, delta: ToolCallDelta) -> list[Event]:
+    def _tool_call(self, delta: ToolCallDelta) -> list[Sent]:
         events = self._close_message("completed")
         open_call = self._calls.get(delta.index)
         if open_call is None:
@@ -182,13 +207,18 @@ class OutputAssembler:
             )
         return events
 
-    def _close_message(self, status: str) -> list[Event]:
+    def _close_message(self, status: str) -> list[Sent]:
         message, self._message = self._message, None
         if message is None:
             return []
         text = "".join(message.text)
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": message.logprobs}
         message.item.update(status=status, content=[part])
+        closed = message.frames and message.frames.closed(self.seq.next, text, message.logprobs, status)
+        if closed:
+            self.seq.next += 3
+            self.output_json.append(closed[3])
+            return list(closed[:3])
         where = {"item_id": message.item["id"], "output_index": message.index, "content_index": 0}
         return [
             self.seq("response.output_text.done", **where, text=text, logprobs=message.logprobs),
@@ -196,7 +226,7 @@ class OutputAssembler:
             self.seq("response.output_item.done", output_index=message.index, item=message.item),
         ]
 
-    def _close_call(self, open_call: _OpenItem, status: str) -> list[Event]:
+    def _close_call(self, open_call: _OpenItem, status: str) -> list[Sent]:
         item = open_call.item
         if item["type"] == "custom_tool_call":
             item["input"] = "".join(open_call.text)
@@ -274,7 +304,7 @@ def response_object(
         **(echoed_fields(request) if echoed is None else echoed),
         "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "metadata": {**(request.metadata or {}), **labels} if labels else (request.metadata or {}),
+        "metadata": response_metadata(request, labels),
         "output": output or [],
         "usage": _usage(usage),
     }

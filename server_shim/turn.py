@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Set
-from typing import Any
+from typing import cast
 
 from . import metrics
 from .backends.base import Carry, Routed, TextDelta, ToolCallDelta, Usage
@@ -22,7 +22,8 @@ from .callids import with_calls
 from .checks import CheckRefused, PendingChecks, gated, prepare_checks
 from .compaction import expand_compactions
 from .errors import APIError, BackendError, model_not_found
-from .events import Event, EventSequence, OutputAssembler, echoed_fields, new_id, not_stored, response_object
+from .event_frames import ResponseFrames
+from .events import Event, EventSequence, OutputAssembler, Sent, echoed_fields, new_id, not_stored, response_object
 from .history import History
 from .items import normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
@@ -71,7 +72,8 @@ class Turn:
         """Steering queued on this response (WebSocket only); checked between deltas."""
         self._assembler: OutputAssembler | None = None
         self._created_at = 0.0
-        self._echoed: dict[str, Any] | None = None
+        self._encoded = False  # the events go out as `frames()` gives them
+        self._frames: ResponseFrames | None = None
         self._counted: Counted | None = None
         self._produced = 0
         """Text and tool-call deltas streamed so far: the output tokens of a response cut short."""
@@ -147,7 +149,8 @@ class Turn:
             carry=previous.carry if previous and sent is history else {},
             labels=labels | outcome.labels,
             base_held=base.held,
-            held=await request_held(self.request, previous),
+            echoed=(echoed := echoed_fields(self.request)),
+            held=await request_held(self.request, previous, echoed),
             checks=outcome,
             prior_checks=prior_checks,
             prior_output=prior_output,
@@ -172,7 +175,16 @@ class Turn:
         assert self._plan is not None, "prepare() first"
         return self._plan.chat_tools
 
-    async def events(self) -> AsyncGenerator[Event, None]:
+    def events(self) -> AsyncGenerator[Event, None]:
+        """The response's events as dicts, for the paths that read them (HTTP, chat)."""
+        return cast(AsyncGenerator[Event, None], self._events())
+
+    def frames(self) -> AsyncGenerator[Sent, None]:
+        """The events as the WebSocket sends them: a message's and the Response object's encoded (`event_frames`)."""
+        self._encoded = True
+        return self._events()
+
+    async def _events(self) -> AsyncGenerator[Sent, None]:
         """The response's events, in one generator (a layer per event is what a 1-token turn spends most on)."""
         await self.prepare()
         plan = self._plan
@@ -181,10 +193,9 @@ class Turn:
         counter = self.env.token_counter(self.request.model)
         plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
-            pending = self._start(plan)
-            yield self.seq("response.created", response=pending)
-            yield self.seq("response.in_progress", response=pending)
-            assembler = self._assembler = OutputAssembler(self.seq)
+            for started in self._start(plan):
+                yield started
+            assembler = self._assembler = OutputAssembler(self.seq, encoded=self._encoded)
             steered = False
             stages = self.result.stages
             stages.restart()
@@ -242,23 +253,28 @@ class Turn:
             checks.cancel()
             plan.counting.cancel()
 
-    def _start(self, plan: TurnPlan) -> Event:
-        """Start the response: its id, and the Response object `in_progress`."""
+    def _start(self, plan: TurnPlan) -> list[Sent]:
+        """Start the response: its id, and the Response object `in_progress` in `created` and `in_progress`."""
         request = self.request
         response_id = self.response_id = new_id("resp")
         if request.stores:
             self.env.running.started(response_id, self.tenant)
         self._created_at = time.time()
         self._started = time.monotonic()
-        self._echoed = echoed_fields(request)
-        return response_object(
+        if self._encoded:
+            self._frames = ResponseFrames(response_id, int(self._created_at), plan.echoed, self.seq)
+            started = self._frames.started(request, plan.labels)
+            if started is not None:
+                return started
+        pending = response_object(
             response_id,
             request,
             status="in_progress",
             created_at=self._created_at,
             labels=plan.labels,
-            echoed=self._echoed,
+            echoed=plan.echoed,
         )
+        return [self.seq("response.created", response=pending), self.seq("response.in_progress", response=pending)]
 
     async def _outcome(self, plan: TurnPlan, checks: PendingChecks, steered: bool) -> str | None:
         """After the checks held: the labels and the token count in; why the response is incomplete, if it is."""
@@ -273,7 +289,7 @@ class Turn:
             return "steered"
         return "max_output_tokens" if self._assembler.finish == "length" else None
 
-    async def _complete(self, plan: TurnPlan, reason: str | None) -> Event:
+    async def _complete(self, plan: TurnPlan, reason: str | None) -> Sent:
         """The final Response object, cached, stored and metered before the client gets its terminal event."""
         assembler = self._assembler
         assert assembler is not None and self.response_id is not None
@@ -289,13 +305,15 @@ class Turn:
             incomplete_reason=reason,
             created_at=self._created_at,
             labels=plan.labels,
-            echoed=self._echoed,
+            echoed=plan.echoed,
         )
         await self._finalize(final, plan)
         self.result.response = final
         stages.mark("finalize")
         self.env.post_inference.submit(final, self._info(usage))  # before the client has it: usage is never lost
-        return self.seq("response.incomplete" if reason else "response.completed", response=final)
+        kind = "response.incomplete" if reason else "response.completed"
+        encoded = self._frames.ended(kind, final, assembler.output_json) if self._frames else None
+        return encoded or self.seq(kind, response=final)
 
     def _abandoned(self, plan: TurnPlan) -> None:
         """The caller stopped the response: it is metered all the same, as `cancelled` (its client went away)
@@ -337,7 +355,7 @@ class Turn:
             tokens_estimated=usage is not None and usage.estimated,
         )
 
-    def _fail(self, exc: BackendError | APIError, assembler: OutputAssembler) -> list[Event]:
+    def _fail(self, exc: BackendError | APIError, assembler: OutputAssembler) -> list[Sent]:
         """A failed turn: close what was open, report `response.failed` then the error.
 
         A backend failure evicts the parent from the cache; a check's refusal (an `APIError`) leaves

@@ -18,7 +18,6 @@ from .callids import with_calls
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
 from .errors import APIError, BackendError
-from .events import echoed_fields
 from .footprint import footprint_in_slices
 from .history import History
 from .items import CALL_TYPES, Item
@@ -79,6 +78,8 @@ class TurnPlan:
     """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
+    echoed: dict[str, Any] = field(default_factory=dict)
+    """The request fields its Response objects echo (`echoed_fields`), read once for the turn."""
     held: RequestHeld = field(default_factory=lambda: RequestHeld(None, {}))
     """What the request's tools and echoed containers hold, measured in slices (`request_held`)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
@@ -189,12 +190,12 @@ async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
     return await footprint_in_slices(batch)
 
 
-async def _echoed_held(request: CreateRequest) -> dict[int, int]:
+async def _echoed_held(echoed: dict[str, Any]) -> dict[int, int]:
     """The footprints of the request's containers that the Response object echoes (a `text.format` schema, a
     `tool_choice`...: up to `max_json_values` values), measured in slices; `ResponseState` takes them as
     known rather than walking them at once. The tools are measured apart (`tools_held`)."""
     held: dict[int, int] = {}
-    for name, value in echoed_fields(request).items():
+    for name, value in echoed.items():
         if name == "tools" or not isinstance(value, (dict, list)):
             continue
         parts = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
@@ -222,6 +223,7 @@ class RequestHeld:
     """The other request containers the Response echoes, by `id`."""
 
 
-async def request_held(request: CreateRequest, previous: ResponseState | None) -> RequestHeld:
-    """Walk the request's tools and echoed containers in slices that let other connections run."""
-    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(request))
+async def request_held(request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any]) -> RequestHeld:
+    """Walk the request's tools and echoed containers (`echoed`: its `echoed_fields`) in slices that let other
+    connections run."""
+    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(echoed))

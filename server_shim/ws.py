@@ -279,7 +279,7 @@ class ResponsesConnection:
         slot: SteerSlot | None = None
         turn.result.trace_carrier = self.trace_carrier
         try:
-            async with contextlib.aclosing(turn.events()) as events:
+            async with contextlib.aclosing(turn.frames()) as events:
                 async for event in events:
                     if slot is None and turn.response_id is not None:
                         slot = turn.steering = self.steering.begin(turn.response_id, stream_id)
@@ -308,7 +308,7 @@ class ResponsesConnection:
             update = {"input": steered_input(successor), "previous_response_id": turn.response_id, "generate": None}
             await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
-    def sent_at_once(self, event: dict[str, Any]) -> bool:
+    def sent_at_once(self, event: dict[str, Any] | bytes) -> bool:
         """Send `event` now if the socket is writable and no send waits before it (nothing to await);
         False when `send` must do it. A turn's events take this path without a coroutine each."""
         if self._send_now is None or self._send_lock.locked() or not self._writable():
@@ -322,7 +322,7 @@ class ResponsesConnection:
             self._gone()
         return True
 
-    async def send(self, event: dict[str, Any]) -> None:
+    async def send(self, event: dict[str, Any] | bytes) -> None:
         if self.sent_at_once(event):
             return
         data = encode_event(event)

@@ -107,14 +107,17 @@ def too_large_error(limit: int) -> APIError:
     )
 
 
-def encode_event(event: dict[str, Any]) -> bytes:
-    """The event as JSON, counted in the error metric when it is an error.
+def encode_event(event: dict[str, Any] | bytes) -> bytes:
+    """The event as JSON (as it is when a turn encoded it already: `event_frames`), counted in the error metric
+    when it is an error.
 
     The last line of defence: the request limits keep client values encodable (nesting well under
     the ~254 levels orjson writes), but an event that still cannot be encoded becomes an
     `event_encoding_failed` error event on its lane, logged once per process, and the connection
     carries on (an exception here used to drop the socket and every other lane with it).
     """
+    if isinstance(event, bytes):
+        return event
     try:
         data = orjson.dumps(event)
     except TypeError as exc:  # orjson.JSONEncodeError: too deep, an unencodable value
