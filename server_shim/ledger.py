@@ -8,7 +8,7 @@ write is idempotent, so replaying a journal after a crash counts nothing twice.
 
 Journal segments: `<dir>/<pid>-<token>-<n>.jsonl`, each locked (`flock`) by the journal writing it; the
 random token keeps two ledgers of one process (several apps, or tests) from writing each other's files.
-A flush rotates to a new segment, writes the old one's records, then deletes it. At start-up a
+A flush ends the current segment (the next record opens a new one), writes its records, then deletes it. At start-up a
 process replays and deletes every segment no live process holds (what a killed one left).
 """
 
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+
+from .trim import Count, Counts
 
 log = logging.getLogger(__name__)
 
@@ -67,48 +69,70 @@ class LedgerSink(Protocol):
 
 
 class Journal:
-    """This process's write-ahead segments; `append` is one `write(2)` on an O_APPEND descriptor."""
+    """This process's write-ahead segments; `append` is one `write(2)` on an O_APPEND descriptor.
+
+    After a rotation the next segment is opened by the first `append`, not at once: an idle server
+    then holds no segment, and no name or number made while the last burst of turns was written
+    (Python's allocator gives a 1 MiB arena back only once nothing in it is alive).
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._token = secrets.token_hex(4)
-        self._sequence = 0
-        self._fd = self._new_segment()
-        self._path = self._segment_path(self._sequence)
+        self._sequence = Sequence()
+        self._fd = -1
+        self._path: Path | None = None
+        self._open()
 
     def _segment_path(self, sequence: int) -> Path:
         return self.directory / f"{os.getpid()}-{self._token}-{sequence}.jsonl"
 
-    def _new_segment(self) -> int:
-        """Created under a temporary name and locked before it gets its scanned name, so no replayer takes it."""
-        self._sequence += 1
-        final = self._segment_path(self._sequence)
+    def _open(self) -> None:
+        """A new segment, created under a temporary name and locked before it gets its scanned name, so no
+        replayer takes it."""
+        self._sequence.opened += 1
+        final = self._segment_path(self._sequence.opened)
         temporary = final.with_suffix(".new")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(temporary, final)
-        return fd
+        self._fd, self._path = fd, final
 
     def append(self, record: UsageRecord) -> None:
+        if self._fd < 0:
+            self._open()
         os.write(self._fd, orjson.dumps(record) + b"\n")  # orjson writes a dataclass's fields in order
 
-    def rotate(self) -> tuple[int, Path]:
-        """Start a new segment; the caller deletes the old one (`retire`) once its records are written."""
+    def rotate(self) -> tuple[int, Path | None]:
+        """End the current segment (the next `append` opens a new one); the caller deletes the old one
+        (`retire`) once its records are written."""
         old = (self._fd, self._path)
-        self._fd = self._new_segment()
-        self._path = self._segment_path(self._sequence)
+        self._fd, self._path = -1, None
         return old
 
     @staticmethod
-    def retire(segment: tuple[int, Path]) -> None:
+    def retire(segment: tuple[int, Path | None]) -> None:
         fd, path = segment
-        path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def close(self) -> None:
-        self.retire((self._fd, self._path))
+        self.retire(self.rotate())
+
+
+class Sequence(Counts):
+    """The journal's segment number, kept in place (see `Counts`)."""
+
+    opened = Count()
+
+
+class LedgerCounts(Counts):
+    written = Count()
+    """Records written to the sink."""
 
 
 def orphaned_segments(directory: Path) -> Iterator[tuple[list[UsageRecord], int, Path]]:
@@ -148,9 +172,16 @@ class Ledger:
         self.batch = batch
         self.journal: Journal | None = None
         self._queue: list[UsageRecord] = []
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()
+        """Set when a batch is full: flush before the interval ends."""
+        self._work = asyncio.Event()
+        """Set by the first record queued: the flusher waits on it while nothing is queued."""
         self._flusher: asyncio.Task[None] | None = None
-        self.written = 0
+        self.counts = LedgerCounts()
+
+    @property
+    def written(self) -> int:
+        return self.counts.written
 
     async def start(self) -> None:
         """Replay what a killed process left, then open this process's journal and start flushing."""
@@ -159,28 +190,36 @@ class Ledger:
             log.info("usage ledger: replayed %d record(s) from %s", len(records), path.name)
             Journal.retire((fd, path))
         self.journal = Journal(self.journal_dir)
-        self._wake = asyncio.Event()
+        self._wake, self._work = asyncio.Event(), asyncio.Event()
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def accept(self, record: UsageRecord) -> None:
         """Durable once this returns (the journal line is in the kernel); the ledger write comes later."""
-        assert self.journal is not None and self._wake is not None, "Ledger.start() was not awaited"
+        assert self.journal is not None, "Ledger.start() was not awaited"
         try:
             self.journal.append(record)
         except OSError as exc:  # a full disk must not fail the client's turn: the record is still queued
             log.error("usage ledger: journal write failed (%s); %s is only in memory until written", exc, record.id)
         self._queue.append(record)
-        if len(self._queue) >= self.batch:
+        queued = len(self._queue)
+        if queued == 1:
+            self._work.set()
+        if queued >= self.batch:
             self._wake.set()
 
     async def _flush_forever(self) -> None:
-        """Flush every interval; while the sink fails (Redis down, disk full), back off up to 5 s and warn once."""
-        assert self._wake is not None
+        """Flush every interval; while the sink fails (Redis down, disk full), back off up to 5 s and warn once.
+
+        With nothing queued it waits for the next record without a timer: an idle server does not wake up
+        (and allocates nothing) every interval.
+        """
         failures = 0
         while True:
-            wait = min(5.0, self.flush_interval_s * 2**failures)
+            if not self._queue:
+                self._work.clear()
+                await self._work.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                await asyncio.wait_for(self._wake.wait(), min(5.0, self.flush_interval_s * 2**failures))
             self._wake.clear()
             try:
                 await self.flush()
@@ -198,7 +237,8 @@ class Ledger:
         if not self._queue or self.journal is None:
             return
         segment = self.journal.rotate()
-        batch, self._queue = self._queue, []
+        batch = self._queue.copy()  # the queue stays the list made at start-up (see `Journal`)
+        self._queue.clear()
         try:
             await asyncio.to_thread(self.sink.write, batch)
         except BaseException:
@@ -208,7 +248,7 @@ class Ledger:
             Journal.retire(segment)
             raise
         Journal.retire(segment)
-        self.written += len(batch)
+        self.counts.written += len(batch)
 
     async def aclose(self) -> None:
         """Drain: write what is queued; what cannot be written stays in the journal for the next start."""

@@ -19,14 +19,17 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import math
 import sys
 import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, overload
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from . import metrics
+
+T = TypeVar("T", int, float)
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -82,6 +85,69 @@ def next_allowed(now: float, took_s: float, share: float = GC_SHARE) -> float:
     return now + took_s / share
 
 
+class Cell(Generic[T]):
+    """A field of a `Counts` class, kept in the instance's array."""
+
+    def __init__(self) -> None:
+        self.index = -1
+
+    def __set_name__(self, owner: type[Counts], name: str) -> None:
+        self.index = owner.size
+        owner.size += 1
+        owner.names = (*owner.names, name)
+
+    @overload
+    def __get__(self, obj: None, owner: type[Counts]) -> Cell[T]: ...
+    @overload
+    def __get__(self, obj: Counts, owner: type[Counts]) -> T: ...
+    def __get__(self, obj: Counts | None, owner: type[Counts]) -> T | Cell[T]:
+        return self if obj is None else obj.cells[self.index]
+
+    def __set__(self, obj: Counts, value: T) -> None:
+        obj.cells[self.index] = value
+
+
+class Count(Cell[int]):
+    """An integer field of a `Counts` class."""
+
+
+class Seconds(Cell[float]):
+    """A float field of a `Counts` class whose `typecode` is "d"."""
+
+
+class Counts:
+    """Integer counters (each a `Count` field) kept in one int64 array and updated in place.
+
+    An int attribute holds the int object its last update made (beyond 256 each value is a new
+    object): a counter bumped once per turn keeps one object allocated during the last burst of
+    clients, wherever the allocator had room, and that one object is enough to keep the 1 MiB
+    arena it sits in from going back to the system.
+    """
+
+    size: ClassVar[int] = 0
+    names: ClassVar[tuple[str, ...]] = ()
+    typecode: ClassVar[str] = "q"
+    """The array's type: "d" keeps floats (C doubles) instead."""
+    __slots__ = ("cells",)
+
+    def __init__(self) -> None:
+        self.cells: array[Any] = array(self.typecode, bytes(8 * self.size))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)}' for name in self.names)})"
+
+
+class TrimTimes(Counts):
+    """The trimmer's times, kept in place (see `Counts`): a float attribute set at each close would keep
+    the float object made during the burst, and with it the arena it sits in."""
+
+    typecode = "d"
+    first = Seconds()
+    """The first close of the pending burst; NaN when none is pending."""
+    last = Seconds()
+    allowed = Seconds()
+
+
 @dataclass
 class Trimmer:
     """One collection and trim per burst of closes (`maybe_trim` is called at each), timed by `trim_at`."""
@@ -91,22 +157,24 @@ class Trimmer:
     clock: Callable[[], float] = time.monotonic
     settle: tuple[Callable[[], None], ...] = field(default=(metrics.flush_turns,))
     """Run before the collection: each lets go of what it held from the burst."""
-    _first: float | None = None
-    _last: float = 0.0
-    _allowed: float = 0.0
+    times: TrimTimes = field(default_factory=TrimTimes)
     _timer: asyncio.TimerHandle | None = None
 
+    def __post_init__(self) -> None:
+        self.times.first = math.nan
+
     def maybe_trim(self) -> None:
-        now = self.clock()
-        if self._first is None:
-            self._first = now
-        self._last = now
+        times = self.times
+        times.last = self.clock()
+        if math.isnan(times.first):
+            times.first = times.last
         if self._timer is None:
-            self._arm(now)
+            self._arm(times.last)
 
     def _due(self) -> float:
-        first = self._last if self._first is None else self._first
-        return trim_at(first, self._last, self._allowed, self.delay_s, self.max_wait_s)
+        times = self.times
+        first = times.last if math.isnan(times.first) else times.first
+        return trim_at(first, times.last, times.allowed, self.delay_s, self.max_wait_s)
 
     def _arm(self, now: float) -> None:
         self._timer = asyncio.get_running_loop().call_later(max(0.0, self._due() - now), self._fire)
@@ -117,7 +185,7 @@ class Trimmer:
         if self._due() > began:  # more closes came meanwhile: wait for the end of the burst
             self._arm(began)
             return
-        self._first = None
+        self.times.first = math.nan
         for settle in self.settle:
             settle()
         loop = asyncio.get_running_loop()
@@ -129,7 +197,7 @@ class Trimmer:
         gc.collect()
         renew_future_iterators(asyncio.get_running_loop())
         ended = self.clock()
-        self._allowed = next_allowed(ended, ended - began)
+        self.times.allowed = next_allowed(ended, ended - began)
         if _TRIM is not None:
             asyncio.get_running_loop().create_task(asyncio.to_thread(_TRIM, 0))
 
@@ -190,45 +258,3 @@ def renew_future_iterators(loop: asyncio.AbstractEventLoop) -> None:
 
 
 _TRIM = _libc_trim()
-
-
-class Count:
-    """An integer field of a `Counts` class, kept in the instance's array."""
-
-    def __init__(self) -> None:
-        self.index = -1
-
-    def __set_name__(self, owner: type[Counts], name: str) -> None:
-        self.index = owner.size
-        owner.size += 1
-        owner.names = (*owner.names, name)
-
-    @overload
-    def __get__(self, obj: None, owner: type[Counts]) -> Count: ...
-    @overload
-    def __get__(self, obj: Counts, owner: type[Counts]) -> int: ...
-    def __get__(self, obj: Counts | None, owner: type[Counts]) -> int | Count:
-        return self if obj is None else obj.cells[self.index]
-
-    def __set__(self, obj: Counts, value: int) -> None:
-        obj.cells[self.index] = value
-
-
-class Counts:
-    """Integer counters (each a `Count` field) kept in one int64 array and updated in place.
-
-    An int attribute holds the int object its last update made (beyond 256 each value is a new
-    object): a counter bumped once per turn keeps one object allocated during the last burst of
-    clients, wherever the allocator had room, and that one object is enough to keep the 1 MiB
-    arena it sits in from going back to the system.
-    """
-
-    size: ClassVar[int] = 0
-    names: ClassVar[tuple[str, ...]] = ()
-    __slots__ = ("cells",)
-
-    def __init__(self) -> None:
-        self.cells = array("q", bytes(8 * self.size))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)}' for name in self.names)})"

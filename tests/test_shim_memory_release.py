@@ -31,7 +31,7 @@ from server_shim import events, health, ledger_sinks, metrics
 from server_shim.app import ShimStats
 from server_shim.events import new_id
 from server_shim.health import Health, TokenWindow
-from server_shim.ledger import UsageRecord
+from server_shim.ledger import Ledger, UsageRecord
 from server_shim.ledger_sinks import SqliteSink
 from server_shim.router import RouterStats
 from server_shim.trim import (
@@ -279,6 +279,45 @@ def test_usage_ledger_writes_leave_no_object_behind(tmp_path):
     sink.write(records)
     assert left_alive(lambda: [sink.write(records) for _ in range(300)], ledger_sinks.__file__) == []
     sink.close()
+
+
+def _usage(response_id: str) -> UsageRecord:
+    return UsageRecord(response_id, 1.0, None, "m", "d", "completed", "websocket", None, 3, 0, 5, 1.0, 2.0)
+
+
+async def test_an_idle_usage_ledger_schedules_no_timer_and_holds_no_journal_segment(tmp_path):
+    """What an idle server keeps or remakes every interval lands in the memory the last burst freed."""
+    journal = tmp_path / "journal"
+    ledger = Ledger(SqliteSink(tmp_path / "usage.db"), journal, flush_interval_s=0.01)
+    await ledger.start()
+    try:
+        ledger.accept(_usage("resp_1"))
+        assert await _until(lambda: ledger.written == 1)
+        held = {id(value) for value in (ledger._queue, *vars(ledger.journal).values())}
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        assert [timer for timer in loop._scheduled if not timer.cancelled()] == []  # type: ignore[attr-defined]
+        assert list(journal.glob("*.jsonl")) == []
+        ledger.accept(_usage("resp_2"))  # durable at once: a segment is opened for it
+        assert "resp_2" in "".join(path.read_text() for path in journal.glob("*.jsonl"))
+        assert await _until(lambda: ledger.written == 2)
+        assert {id(value) for value in (ledger._queue, *vars(ledger.journal).values())} == held
+    finally:
+        await ledger.aclose()
+    assert sorted(r.id for r in SqliteSink(tmp_path / "usage.db").read()) == ["resp_1", "resp_2"]
+
+
+async def test_the_trimmers_times_are_kept_in_place():
+    times = iter(float(n) + 0.5 for n in range(1_000, 2_000))
+    trimmer = Trimmer(delay_s=3600.0, clock=lambda: next(times))
+    trimmer.maybe_trim()
+    held = {id(value) for value in vars(trimmer).values()}
+    for _ in range(100):
+        trimmer.maybe_trim()
+    assert {id(value) for value in vars(trimmer).values()} == held
+    assert (trimmer.times.first, trimmer.times.last) == (1_000.5, 1_100.5)
+    assert trimmer._timer is not None
+    trimmer._timer.cancel()
 
 
 def test_counters_bumped_past_the_small_ints_leave_no_object_behind():
