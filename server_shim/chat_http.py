@@ -95,14 +95,17 @@ async def _complete_choice(turn: Turn, stops: tuple[str, ...]) -> Json | None:
     stop = StopText(stops)
     terminal: Json | None = None
     async with contextlib.aclosing(turn.events()) as events:
-        async for event in events:
-            if event["type"] in ("response.completed", "response.incomplete"):
-                terminal = event["response"]
-            elif stops and event["type"] == "response.output_text.delta":
-                stop.feed(event["delta"])
-                if stop.hit:
-                    turn.ends_at_stop_sequence = True
-                    break
+        async for batch in events:
+            for event in batch:
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    terminal = event["response"]
+                elif stops and event["type"] == "response.output_text.delta":
+                    stop.feed(event["delta"])
+                    if stop.hit:
+                        break
+            if stop.hit:
+                turn.ends_at_stop_sequence = True
+                break
     return turn.result.response if stop.hit else terminal
 
 
@@ -197,12 +200,15 @@ async def _choice(chat: ChatRequest, turn: Turn, index: int, shim: ShimState) ->
     stopped = StoppedChunks(StopText(chat.stops))
     try:
         async with contextlib.aclosing(turn.events()) as events:
-            async for event in events:
-                if event["type"] == "response.failed":
-                    continue  # the `error` event after it carries the API error's code (`backend_error`, ...)
-                for chunk in chunks.feed(event):
-                    for out in stopped.feed(chunk):
-                        yield out
+            async for batch in events:
+                for event in batch:
+                    if event["type"] == "response.failed":
+                        continue  # the `error` event after it carries the API error's code (`backend_error`, ...)
+                    for chunk in chunks.feed(event):
+                        for out in stopped.feed(chunk):
+                            yield out
+                    if stopped.stop.hit:
+                        break
                 if stopped.stop.hit:
                     turn.ends_at_stop_sequence = True
                     break

@@ -130,9 +130,10 @@ async def complete_turn(turn: Turn) -> dict[str, Any] | None:
     """Run a non-streaming turn to its end; the terminal Response object, if it completed."""
     terminal: dict[str, Any] | None = None
     async with contextlib.aclosing(turn.events()) as events:
-        async for event in events:
-            if event["type"] in ("response.completed", "response.incomplete"):
-                terminal = event["response"]
+        async for batch in events:
+            for event in batch:
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    terminal = event["response"]
     return terminal
 
 
@@ -183,12 +184,13 @@ async def _sse(turn: Turn, shim: ShimState) -> AsyncIterator[bytes]:
     next_sequence = 0
     try:
         async with contextlib.aclosing(turn.events()) as events:
-            async for event in events:
-                next_sequence = event["sequence_number"] + 1
-                yield _sse_frame(_sse_error(event) if event["type"] == "error" else event)
-                # a backend that never waits (the simulator, a burst) would otherwise keep the loop from
-                # noticing a dropped client: Starlette's disconnect listener runs here and stops the turn
-                await asyncio.sleep(0)
+            async for batch in events:
+                for event in batch:
+                    next_sequence = event["sequence_number"] + 1
+                    yield _sse_frame(_sse_error(event) if event["type"] == "error" else event)
+                    # a backend that never waits (the simulator, a burst) would otherwise keep the loop from
+                    # noticing a dropped client: Starlette's disconnect listener runs here and stops the turn
+                    await asyncio.sleep(0)
     except Exception:
         log.exception("turn failed unexpectedly")
         yield _sse_frame(_sse_error({"sequence_number": next_sequence, **internal_error().event()}))

@@ -175,17 +175,18 @@ class Turn:
         assert self._plan is not None, "prepare() first"
         return self._plan.chat_tools
 
-    def events(self) -> AsyncGenerator[Event, None]:
-        """The response's events as dicts, for the paths that read them (HTTP, chat)."""
-        return cast(AsyncGenerator[Event, None], self._events())
+    def events(self) -> AsyncGenerator[list[Event], None]:
+        """The response's events as dicts, for the paths that read them (HTTP, chat), in batches (see `_events`)."""
+        return cast(AsyncGenerator[list[Event], None], self._events())
 
-    def frames(self) -> AsyncGenerator[Sent, None]:
+    def frames(self) -> AsyncGenerator[list[Sent], None]:
         """The events as the WebSocket sends them: a message's and the Response object's encoded (`event_frames`)."""
         self._encoded = True
         return self._events()
 
-    async def _events(self) -> AsyncGenerator[Sent, None]:
-        """The response's events, in one generator (a layer per event is what a 1-token turn spends most on)."""
+    async def _events(self) -> AsyncGenerator[list[Sent], None]:
+        """The response's events in one generator, in batches of those ready together (the start, each delta's,
+        the close, the end): a layer per event is what a 1-token turn spends most on."""
         await self.prepare()
         plan = self._plan
         assert plan is not None
@@ -193,8 +194,7 @@ class Turn:
         counter = self.env.token_counter(self.request.model)
         plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
-            for started in self._start(plan):
-                yield started
+            yield self._start(plan)
             assembler = self._assembler = OutputAssembler(self.seq, encoded=self._encoded)
             steered = False
             stages = self.result.stages
@@ -217,9 +217,9 @@ class Turn:
                                 self._first_token = time.monotonic()
                             if isinstance(delta, (TextDelta, ToolCallDelta)):
                                 self._produced += 1
-                            for event in assembler.feed(delta):
+                            if ready := assembler.feed(delta):
                                 stages.mark_first_token()
-                                yield event
+                                yield ready
                             if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
                                 steered = True  # a safe output boundary: stop here, the successor takes the input
                                 break
@@ -233,19 +233,17 @@ class Turn:
                 stages.mark("stream" if stages.first_token is not None else "backend_ttft")
                 self._deployment = self.result.deployment = plan.deployment
                 if failure is not None:
-                    for event in self._fail(failure, assembler):
-                        yield event
+                    yield self._fail(failure, assembler)
                     return
             try:
                 await checks.outcome(plan.checks)
             except APIError as error:  # a check that does not hold the first token refused (or failed) late
-                for event in self._fail(error, assembler):
-                    yield event
+                yield self._fail(error, assembler)
                 return
             reason = await self._outcome(plan, checks, steered)
-            for event in assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
-                yield event
-            yield await self._complete(plan, reason)
+            if closed := assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
+                yield closed  # before the end, which waits for the store
+            yield [await self._complete(plan, reason)]
         finally:
             self.env.running.ended(self.response_id)
             if self.response_id is not None and self.result.response is None:

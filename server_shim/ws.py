@@ -280,11 +280,12 @@ class ResponsesConnection:
         turn.result.trace_carrier = self.trace_carrier
         try:
             async with contextlib.aclosing(turn.frames()) as events:
-                async for event in events:
+                async for batch in events:
                     if slot is None and turn.response_id is not None:
                         slot = turn.steering = self.steering.begin(turn.response_id, stream_id)
-                    if not self.sent_at_once(event):
-                        await self.send(event)
+                    if not self.sent_at_once(batch):
+                        for event in batch:
+                            await self.send(event)
         except APIError as error:
             if not steers:
                 await self.send(with_lane(error.event(), stream_id))
@@ -308,22 +309,22 @@ class ResponsesConnection:
             update = {"input": steered_input(successor), "previous_response_id": turn.response_id, "generate": None}
             await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
-    def sent_at_once(self, event: dict[str, Any] | bytes) -> bool:
-        """Send `event` now if the socket is writable and no send waits before it (nothing to await);
+    def sent_at_once(self, events: list[dict[str, Any] | bytes]) -> bool:
+        """Send `events` now if the socket is writable and no send waits before them (nothing to await);
         False when `send` must do it. A turn's events take this path without a coroutine each."""
         if self._send_now is None or self._send_lock.locked() or not self._writable():
             return False
         if self.state is ConnectionState.CLOSED:
             raise WebSocketDisconnect(1006)
-        data = encode_event(event)
         try:
-            self._send_now(data)
+            for event in events:
+                self._send_now(encode_event(event))
         except OSError:
             self._gone()
         return True
 
     async def send(self, event: dict[str, Any] | bytes) -> None:
-        if self.sent_at_once(event):
+        if self.sent_at_once([event]):
             return
         data = encode_event(event)
         async with self._send_lock:

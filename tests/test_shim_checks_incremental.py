@@ -115,7 +115,7 @@ class Node:
 
 async def verdict(turn: Turn) -> tuple[str, Any]:
     try:
-        events = [event async for event in turn.events()]
+        events = [event async for batch in turn.events() for event in batch]
     except APIError as error:
         return "refused", error.code
     last = events[-1] if events[-1]["type"] != "error" else events[-2]

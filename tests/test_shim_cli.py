@@ -268,7 +268,9 @@ async def test_serve_says_where_it_listens_what_it_routes_to_and_that_auth_is_on
     output = process.stdout.read()
     assert f"listening on http://127.0.0.1:{port} (WebSocket ws://127.0.0.1:{port}/v1/responses" in output
     assert "deployment 'simulated' (simulated) serves models simulated-1" in output
-    assert "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections, 256 kept free for each" in output
+    assert (
+        "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections, 256 kept free for each" in output
+    )
     assert "memory: Python's allocator keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back" in output
     assert '"WebSocket /v1/responses" 401' in output
     assert " ERROR " not in output and "Traceback" not in output, output

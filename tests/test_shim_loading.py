@@ -119,7 +119,11 @@ def test_without_deployments_the_backend_setting_is_the_one_deployment(tmp_path)
     [
         ([], {}, "auth off: no api key is required"),
         (["k1"], {}, "auth on: 1 api key(s), 1 tenant(s), no per-tenant connection cap"),
-        (["k1", "k2"], {}, "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections, 256 kept free for each"),
+        (
+            ["k1", "k2"],
+            {},
+            "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections, 256 kept free for each",
+        ),
         (
             ["k1", "k2"],
             {"tenant_max_connections": 0},

@@ -61,7 +61,7 @@ def env(backend=None, validators=()) -> TurnEnv:
 
 async def drive(turn: Turn) -> list[dict]:
     async with contextlib.aclosing(turn.events()) as events:
-        return [event async for event in events]
+        return [event async for batch in events for event in batch]
 
 
 async def test_the_validator_sees_only_the_new_items_and_the_previous_state():
@@ -141,8 +141,8 @@ async def test_the_backend_stream_is_closed_as_soon_as_the_consumer_stops():
     backend = ScriptedBackend(endless=True)
     turn = Turn(CreateRequest(model=MODEL, input="hi"), env(backend), None)
     events = turn.events()
-    async for event in events:
-        if event["type"] == "response.output_text.delta":
+    async for batch in events:
+        if any(event["type"] == "response.output_text.delta" for event in batch):
             break
     await events.aclose()
     assert backend.closed == 1, "the backend's HTTP stream must be released when the turn stops early"
