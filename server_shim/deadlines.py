@@ -100,9 +100,19 @@ class Watch:
 
     A deadline that passes while the caller holds a delta cuts the next read that has to wait, as
     it would have cut it had the read begun with no time left; a delta ready at once still goes
-    through. The reader: `delta = await anext(watch.reading(stream))`, then `watch.got(delta)`; on
-    `CancelledError`, `watch.cut()` before re-raising; `close()` when done. It must read from the
-    task that made it.
+    through. The reader, from the task that made the watch (attribute checks rather than calls on
+    the common path: a method call around each read cost more than the rest of the watch)::
+
+        if watch.expired:
+            watch.past_due()  # the read about to start is cut if it has to wait
+        watch.waiting = True
+        delta = await anext(stream)  # on CancelledError: watch.cut(), then re-raise
+        watch.waiting = False
+        if watch.cancelled or watch.kick is not None:
+            watch.settle()
+        # and at the stream's first token (text or a tool call): watch.token(now)
+
+    and `close()` when done.
     """
 
     __slots__ = (
@@ -150,12 +160,9 @@ class Watch:
             self.cancelled = True
             self.task.cancel()
 
-    def reading(self, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-        """A read of `stream` starts: the deadline may cut it from now on (at once if it is past due)."""
-        if self.expired:
-            self.kick = self.timer.loop.call_soon(self.expire)
-        self.waiting = True
-        return stream
+    def past_due(self) -> None:
+        """A read starts past due: it is cut on the loop's next step unless it is done by then."""
+        self.kick = self.timer.loop.call_soon(self.expire)
 
     def cut(self) -> None:
         """The read was cancelled: `DeadlineExceeded` if the deadline did it (else the caller re-raises)."""
@@ -166,16 +173,14 @@ class Watch:
             which, seconds = (FIRST_TOKEN, deadlines.first_token_s) if first else (TOTAL, deadlines.total_s)
             raise DeadlineExceeded(which, seconds, started=self.first_token_at is not None) from None
 
-    def got(self, delta: Delta) -> None:
-        """A read ended with `delta`; the first token moves the due time to the total deadline."""
-        self.waiting = False
+    def settle(self) -> None:
+        """After a read that ended with a delta: a cancellation the stream swallowed is withdrawn (the next
+        read that waits is cut instead), and a cut scheduled for this read is dropped (it did not wait)."""
         if self.cancelled:
-            self._withdrawn()  # a cancellation the stream swallowed is withdrawn; the next read is cut
+            self._withdrawn()
         if self.kick is not None:
             self.kick.cancel()
             self.kick = None
-        if self.first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
-            self.token(self.timer.clock())
 
     def token(self, now: float) -> None:
         """The first token came at `now`: from now on only the total deadline counts."""
@@ -207,14 +212,21 @@ async def within(
     watch = Watch(deadlines, Timer(asyncio.get_running_loop(), clock), clock())
     try:
         while True:
+            if watch.expired:
+                watch.past_due()
+            watch.waiting = True
             try:
-                delta = await anext(watch.reading(stream))
+                delta = await anext(stream)
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
                 watch.cut()
                 raise
-            watch.got(delta)
+            watch.waiting = False
+            if watch.cancelled or watch.kick is not None:
+                watch.settle()
+            if watch.first_token_at is None and isinstance(delta, (TextDelta, ToolCallDelta)):
+                watch.token(clock())
             yield delta
     finally:
         watch.close()

@@ -54,9 +54,9 @@ class Health:
         self.consecutive_failures = 0
         self.open_until = 0.0
         if ttft_s is not None:
-            self._estimates[0] = self._ewma(self.ttft_s, ttft_s)
+            self._update(0, ttft_s)
         if tokens_per_s is not None:
-            self._estimates[1] = self._ewma(self.tokens_per_s, tokens_per_s)
+            self._update(1, tokens_per_s)
 
     def failure(self, now: float) -> None:
         self.consecutive_failures += 1
@@ -72,8 +72,10 @@ class Health:
             return f"breaker open after {self.consecutive_failures} faults, retry after {self.open_until - now:.1f} s"
         return f"rate limited by the backend, retry after {self.limited_until - now:.1f} s"
 
-    def _ewma(self, current: float | None, sample: float) -> float:
-        return sample if current is None else self.alpha * sample + (1 - self.alpha) * current
+    def _update(self, index: int, sample: float) -> None:
+        """One EWMA moved by `sample` (the sample itself when it is the first), in place."""
+        current = self._estimates[index]
+        self._estimates[index] = sample if math.isnan(current) else self.alpha * sample + (1 - self.alpha) * current
 
 
 @dataclass

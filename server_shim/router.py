@@ -201,16 +201,23 @@ class Router:
             try:
                 stream = deployment.backend.stream(_routed(request, deployment, carry))
                 while True:
+                    if watch.expired:
+                        watch.past_due()
+                    watch.waiting = True
                     try:
-                        delta = await anext(watch.reading(stream))
+                        delta = await anext(stream)
                     except StopAsyncIteration:
                         break
                     except asyncio.CancelledError:
                         watch.cut()  # DeadlineExceeded when the deadline cut the read
                         raise
-                    watch.got(delta)
+                    watch.waiting = False
+                    if watch.cancelled or watch.kick is not None:
+                        watch.settle()
                     if isinstance(delta, (TextDelta, ToolCallDelta)):
                         pieces += 1
+                        if watch.first_token_at is None:
+                            watch.token(self.clock())
                     elif isinstance(delta, Usage):
                         if deployment.tokens_per_minute is not None:  # only its limit reads the window
                             deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())

@@ -166,7 +166,8 @@ async def test_one_timer_cuts_each_stream_at_its_own_deadline_the_later_one_arme
         watch = Watch(deadlines, timer, started)
         stream = stalled()
         try:
-            await anext(watch.reading(stream))
+            watch.waiting = True
+            await anext(stream)
         except asyncio.CancelledError:
             try:
                 watch.cut()
