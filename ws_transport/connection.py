@@ -1,17 +1,24 @@
 """One socket and its lanes: the asyncio layer that moves a socket's frames to the turns waiting for them.
 
 A `Connection` owns a socket and, once `start()`ed, a reader task that puts each event in the
-queue of the lane (the `stream_id`) waiting for it; every turn gets a fresh lane id, so a late
-event of an abandoned turn has no queue and is dropped instead of reaching the next turn. What
-the socket may be used for is the `policy.Socket` record it carries; this module decides nothing.
+`Lane` (the `stream_id`) waiting for it; every turn gets a fresh lane id, so a late event of an
+abandoned turn has no lane and is dropped instead of reaching the next turn. What the socket may
+be used for is the `policy.Socket` record it carries; this module decides nothing.
+
+A lane is a deque and at most one waiting future, not an `asyncio.Queue`, and a wait's timeout is a
+deadline on the lane checked by one timer per connection, not an `asyncio.timeout` per wait: with the
+SDK's 600 s read timeout that timer is scheduled once and rarely moved, where a timer per wait was
+made and cancelled for every event (with the queue, about a tenth of a wrapped turn's client CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,9 +34,10 @@ log = logging.getLogger("ws_transport")
 ABNORMAL_CLOSURE = 1006
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 """What a turn that keeps only its outcome needs: the terminal event and the error that may follow it."""
-TERMINAL_TYPES = frozenset(kind.encode() for kind in TERMINAL_EVENTS)
-TYPE_PREFIX = b'{"type":"'
-TYPE_START = len(TYPE_PREFIX)
+PLAIN_UNKEPT_TYPE = re.compile(
+    rb'\{"type":"(?!(?:' + b"|".join(re.escape(kind.encode()) for kind in sorted(TERMINAL_EVENTS)) + rb')")[^"\\]+"'
+)
+"""A frame opening with a plain type (no escapes) that is not a terminal one, as the shim writes every event."""
 SEND_TEXT_BYTES = "text" in inspect.signature(ClientConnection.send).parameters
 """websockets 14+ sends bytes as a text frame as they are."""
 
@@ -40,6 +48,29 @@ class Closed:
 
     code: int
     reason: str
+
+
+Item = dict[str, Any] | Closed
+
+
+class Lane:
+    """One turn's inbox on a connection: its events in arrival order, and the turn waiting for the next."""
+
+    __slots__ = ("deadline", "events", "terminal_only", "waiter")
+
+    def __init__(self, *, terminal_only: bool) -> None:
+        self.events: collections.deque[Item] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.deadline: float | None = None
+        self.terminal_only = terminal_only
+        """Keeps only its terminal events (a non-streaming call): the rest are dropped by the reader
+        instead of waking the turn once per event."""
+
+    def put(self, item: Item) -> None:
+        self.events.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class Listener(Protocol):
@@ -57,13 +88,14 @@ class Connection:
         self.socket = socket
         self.record = record
         self.use_lanes = lanes
-        self.lanes: dict[str | None, asyncio.Queue[dict[str, Any] | Closed]] = {}
-        self.terminal_only: set[str | None] = set()
-        """Lanes whose turn keeps only its terminal events (a non-streaming call): the rest are dropped
-        here, in the reader, instead of waking the turn once per event."""
+        self.lanes: dict[str | None, Lane] = {}
+        self.keeping_all = 0
+        """How many open lanes keep every event (streams): while none does, non-terminal frames are dropped unparsed."""
         self.closed: Closed | None = None
         self.reader: asyncio.Task[None] | None = None
         self._lane_ids = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     @property
     def generation(self) -> int:
@@ -78,14 +110,15 @@ class Connection:
         if self.use_lanes:
             self._lane_ids += 1
             lane = f"t{self._lane_ids}"
-        self.lanes[lane] = asyncio.Queue()
-        if terminal_only:
-            self.terminal_only.add(lane)
+        self.close_lane(lane)
+        self.lanes[lane] = Lane(terminal_only=terminal_only)
+        self.keeping_all += not terminal_only
         return lane
 
     def close_lane(self, lane: str | None) -> None:
-        self.lanes.pop(lane, None)
-        self.terminal_only.discard(lane)
+        closed = self.lanes.pop(lane, None)
+        if closed is not None:
+            self.keeping_all -= not closed.terminal_only
 
     async def send(self, frame: bytes) -> None:
         try:
@@ -97,11 +130,43 @@ class Connection:
             raise ConnectionLost(*close_info(self.socket)) from exc
 
     async def next_event(self, lane: str | None, timeout: float | None) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            item = await self.lanes[lane].get()
+        """The lane's next event; `TimeoutError` when none came within `timeout` seconds."""
+        inbox = self.lanes[lane]
+        if not inbox.events:
+            loop = asyncio.get_running_loop()
+            inbox.waiter = waiter = loop.create_future()
+            if timeout is not None:
+                self._watch(loop, inbox, loop.time() + timeout)
+            try:
+                await waiter
+            finally:
+                inbox.waiter = inbox.deadline = None
+        item = inbox.events.popleft()
         if isinstance(item, Closed):
             raise ConnectionLost(item.code, item.reason)
         return item
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, lane: Lane, deadline: float) -> None:
+        """Fail `lane`'s wait at `deadline`: the connection's one timer moves only to an earlier deadline."""
+        lane.deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer is due: waits whose deadline it was set for time out; it is set again for the next one."""
+        due, self._timer = self._timer_at, None
+        for lane in self.lanes.values():
+            waiter, deadline = lane.waiter, lane.deadline
+            if waiter is None or deadline is None or waiter.done():
+                continue
+            if deadline <= due:
+                lane.deadline = None
+                waiter.set_exception(TimeoutError())
+            else:
+                self._watch(loop, lane, deadline)
 
     async def aclose(self) -> None:
         """Close the socket and wait for the reader; without a reader, what still arrives is read and dropped."""
@@ -130,8 +195,11 @@ class Connection:
             await close_discarding(self.socket, 1002)
         finally:
             self.closed = Closed(*close_info(self.socket))
-            for queue in self.lanes.values():
-                queue.put_nowait(self.closed)
+            for lane in self.lanes.values():
+                lane.put(self.closed)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             listener.socket_closed(self)
 
     def _unwanted(self, message: bytes) -> bool:
@@ -139,23 +207,17 @@ class Connection:
         terminal events, and the frame opens with a plain type that is not one (`{"type":"response.created",`,
         as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
         non-terminal event is not logged: with debug logging on, every frame is parsed."""
-        if not message.startswith(TYPE_PREFIX) or len(self.terminal_only) != len(self.lanes):
-            return False
-        end = message.find(b'"', TYPE_START)
-        kind = message[TYPE_START:end]
         return (
-            end > TYPE_START
-            and b"\\" not in kind
-            and kind not in TERMINAL_TYPES
+            not self.keeping_all
+            and PLAIN_UNKEPT_TYPE.match(message) is not None
             and not log.isEnabledFor(logging.DEBUG)
         )
 
     def _route(self, event: dict[str, Any], listener: Listener) -> None:
-        lane = event.get("stream_id") if self.use_lanes else None
-        queue = self.lanes.get(lane)
-        if queue is not None:
-            if lane not in self.terminal_only or event.get("type") in TERMINAL_EVENTS:
-                queue.put_nowait(event)
+        lane = self.lanes.get(event.get("stream_id") if self.use_lanes else None)
+        if lane is not None:
+            if not lane.terminal_only or event.get("type") in TERMINAL_EVENTS:
+                lane.put(event)
         else:
             listener.stray_event(self, event)
 

@@ -24,7 +24,6 @@ HTTP; an error costs that one more round trip.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +31,9 @@ from openai.types.responses import Response
 
 from . import _sdk
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
-from .headers import Headers
-from .replies import drain
-from .session import Session, SessionState
+from .headers import Credentials, Headers, credentials_of
+from .policy import SessionState
+from .session import Session
 from .turn import TurnRequest
 
 PER_CALL = ("extra_headers", "extra_query")
@@ -49,6 +48,8 @@ class Binding:
 
     key: tuple[Any, ...]
     headers: Headers
+    credentials: tuple[Headers, Credentials]
+    """The headers with what `credentials_of` makes of them, worked out once for every turn they serve."""
 
 
 class DirectPath:
@@ -75,7 +76,8 @@ class DirectPath:
     def learn(self, key: tuple[Any, ...] | None, turn: TurnRequest) -> None:
         """After a turn through the SDK: its upgrade headers serve later turns while `key` holds."""
         if key is not None and turn.on_socket:
-            self.binding = Binding(key, list(turn.headers))
+            headers = list(turn.headers)
+            self.binding = Binding(key, headers, (headers, credentials_of(headers)))
 
     def takes(self, kwargs: dict[str, Any], turn: TurnRequest) -> bool:
         """Whether this call may skip the SDK's pipeline (then `turn.headers` are set for it)."""
@@ -94,7 +96,7 @@ class DirectPath:
         if self.key() != binding.key:
             self.binding = None
             return False
-        turn.headers = binding.headers
+        turn.headers, turn.credentials = binding.headers, binding.credentials
         return True
 
     def sync_create(self, turn: TurnRequest) -> Response | None:
@@ -112,16 +114,11 @@ class DirectPath:
 
     async def _final(self, turn: TurnRequest) -> dict[str, Any] | None:
         """The terminal event's response JSON, or None when the turn did not end in one."""
-        events: AsyncGenerator[dict[str, Any], None] = self.session.events(
-            turn, transparent=True, read_timeout=read_timeout(self.client.timeout)
-        )
         try:
-            kept = await drain(events)
+            kept = await self.session.outcome(turn, read_timeout=read_timeout(self.client.timeout))
         except GIVE_UP:
             return None
-        finally:
-            await events.aclose()
-        if not kept or any(event.get("type") == "error" for event in kept):
+        if not kept or kept[-1].get("type") == "error":  # an error event comes last, when one comes
             return None
         response: dict[str, Any] = kept[-1]["response"]
         return response

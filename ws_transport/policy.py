@@ -34,6 +34,17 @@ DRAIN_CODES = frozenset({"websocket_connection_limit_reached", "server_shutting_
 """Error codes of a server that is closing the socket: it takes no new turns, the resend goes on another."""
 
 
+class SessionState(enum.Enum):
+    """Where a session is in its life: one state, not a flag per condition."""
+
+    WEBSOCKET = "websocket"
+    """Turns ride the session's sockets."""
+    HTTP_ONLY = "http_only"
+    """The upgrade was refused (404/405/426) or the reconnect budget spent: every turn goes over HTTP."""
+    CLOSED = "closed"
+    """Closed with its client: no turn is sent."""
+
+
 class SocketState(enum.Enum):
     """Where a socket is in its life; only an OPEN one takes new turns."""
 

@@ -8,7 +8,7 @@ lost mid-stream reads as a dropped HTTP stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -20,28 +20,35 @@ from .session import Session
 from .turn import TurnRequest
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 async def websocket_reply(session: Session, request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
     """Run the turn on the session and answer as the HTTP endpoint would; raises `UseHTTP` to fall back."""
-    events = session.events(turn, transparent=not turn.stream, read_timeout=read_timeout(request))
+    if not turn.stream:
+        return await _reply(request, lambda: _final(session, request, turn))
+    events = session.events(turn, read_timeout=read_timeout(request))
     try:
-        return await _reply(turn, events, request)
+        return await _reply(request, lambda: _stream(events, request, turn))
     except BaseException:
         await events.aclose()  # whatever interrupted the reply, the lane is freed now, not at collection
         raise
 
 
-async def _reply(
-    turn: TurnRequest, events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request
+async def _final(session: Session, request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:
+    return _final_reply(await session.outcome(turn, read_timeout=read_timeout(request)), request, turn)
+
+
+async def _stream(
+    events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request, turn: TurnRequest
 ) -> httpx2.Response:
+    stream = SSEStream(await anext(events), events, request, _framer(turn))
+    return _http.module_of(request).Response(200, headers=SSE_HEADERS, stream=stream, request=request)
+
+
+async def _reply(request: httpx2.Request, answer: Callable[[], Awaitable[httpx2.Response]]) -> httpx2.Response:
+    """`answer()`, with the session's failures before the answer as HTTP would give them."""
     try:
-        if turn.stream:
-            first = await anext(events)
-            stream = SSEStream(first, events, request, _framer(turn))
-            return _http.module_of(request).Response(200, headers=SSE_HEADERS, stream=stream, request=request)
-        return _final_reply(await drain(events), request, turn)
+        return await answer()
     except TurnRejected as rejected:
         return error_response(rejected.status, rejected.error, request)
     except UpgradeRejected as rejected:
@@ -51,15 +58,6 @@ async def _reply(
         raise _http.module_of(request).RemoteProtocolError(str(lost), request=request) from lost
     except TimeoutError as exc:
         raise _timeout(request) from exc
-
-
-async def drain(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The terminal event, and the error event that may follow it."""
-    kept = []
-    async for event in events:
-        if event.get("type") in TERMINAL or event.get("type") == "error":
-            kept.append(event)
-    return kept
 
 
 def _final_reply(kept: list[dict[str, Any]], request: httpx2.Request, turn: TurnRequest) -> httpx2.Response:

@@ -10,8 +10,6 @@ for the async client, a private one for the sync client (see `portal.py`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, NoReturn
@@ -19,33 +17,33 @@ from typing import Any, NoReturn
 import httpx2
 import orjson
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import InvalidHandshake, InvalidStatus
 
-from . import _sdk
-from .chaining import Chain, ChainBook
+from .chaining import ChainBook
 from .chat_completions import ChatBook
 from .connection import Connection
-from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP, error_code
+from .dialing import FallBack, dial
+from .errors import ConnectionLost, SessionClosed, TurnRejected, UseHTTP, error_code
 from .headers import Credentials, Headers, credentials_of, upgrade_headers, websocket_url
 from .options import SessionOptions, SessionStats
-from .policy import DRAIN_CODES, Dialer, FrameLimit, Open, Pool, Replicas, Socket, TurnAttempts, Verdict, Wait
+from .policy import (
+    DRAIN_CODES,
+    FrameLimit,
+    Open,
+    Pool,
+    Replicas,
+    SessionState,
+    Socket,
+    TurnAttempts,
+    Verdict,
+    Wait,
+)
 from .turn import TurnRequest
 
 log = logging.getLogger("ws_transport")
 
 COMPLETED = frozenset({"response.completed", "response.incomplete"})
 FAILED = "response.failed"
-
-
-class SessionState(enum.Enum):
-    """Where a session is in its life: one state, not a flag per condition."""
-
-    WEBSOCKET = "websocket"
-    """Turns ride the session's sockets."""
-    HTTP_ONLY = "http_only"
-    """The upgrade was refused (404/405/426) or the reconnect budget spent: every turn goes over HTTP."""
-    CLOSED = "closed"
-    """Closed with its client: no turn is sent."""
+TERMINAL = COMPLETED | {FAILED}
 
 
 class Session:
@@ -76,6 +74,7 @@ class Session:
         self._connections: dict[Socket, Connection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
+        self._waiting = 0
         self._closers: set[asyncio.Task[None]] = set()
 
     @property
@@ -104,70 +103,99 @@ class Session:
         return upgrade_headers(request)
 
     async def events(
-        self, turn: TurnRequest, *, transparent: bool, read_timeout: float | None = None
+        self, turn: TurnRequest, *, read_timeout: float | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
-        """Send `turn` and yield its events up to the terminal one.
+        """Send `turn` and yield its events up to the terminal one (a stream; see `outcome` for a call that
+        keeps only that). State is settled before the terminal event is handed on (a consumer may stop there).
 
-        A lost chain or socket before the first yielded event (any time when `transparent`, i.e.
-        the consumer only keeps the terminal event) resends the turn in full once. Raises
-        `TurnRejected` for an error before the response started, `ConnectionLost` when the
-        socket dies and cannot be hidden, `UseHTTP` when this turn or the session goes to HTTP.
+        A lost chain or socket before the first event resends the turn in full once. Raises `TurnRejected`
+        for an error before the response started, `ConnectionLost` when the socket dies after it started,
+        `UseHTTP` when this turn or the session goes to HTTP.
         """
         self._check_loop()
         attempts = TurnAttempts(self.options.reconnect, self.frame_limit)
-        observe = self.options.on_event  # an observer sees every event, so then none is dropped early
         while True:
-            conn, lane = await self._acquire(turn.chain, turn.headers, terminal_only=transparent and observe is None)
+            conn, lane = await self._acquire(turn)
             try:
                 await self._send(conn, lane, turn, attempts)
                 event = await self._next_event(conn, lane, read_timeout)
                 if event.get("type") == "error":
                     self._after_error(conn, turn, event, attempts)
                 else:
-                    if not transparent:
-                        attempts.delivering()
-                    async with contextlib.aclosing(self._rest(conn, lane, turn, event, read_timeout, attempts)) as rest:
-                        async for event in rest:
-                            yield event
-                    return
+                    attempts.delivering()
+                    while True:
+                        kind = self._settle(conn, turn, event, attempts)
+                        yield event
+                        if attempts.done:
+                            return
+                        if kind == FAILED:
+                            trailing = await self._trailing_error(conn, lane)
+                            attempts.finished()
+                            if trailing is not None:
+                                yield trailing
+                            return
+                        event = await self._next_event(conn, lane, read_timeout)
             except ConnectionLost as lost:
                 self._after_close(lost, turn, attempts)
             finally:
                 self._release(conn, lane, clean=attempts.clean)
             self.stats.resends += 1
 
-    async def _rest(
+    async def outcome(self, turn: TurnRequest, *, read_timeout: float | None = None) -> list[dict[str, Any]]:
+        """A non-streaming turn's outcome (its terminal event, and the `error` that may follow it), sent as by
+        `events`, but a lost chain or socket is hidden (resent in full once) at any time: nothing was handed on.
+        Other events are dropped unread unless `on_event` is set. One coroutine, not a generator per turn."""
+        self._check_loop()
+        attempts = TurnAttempts(self.options.reconnect, self.frame_limit)
+        terminal_only = self.options.on_event is None
+        while True:
+            conn, lane = await self._acquire(turn, terminal_only=terminal_only)
+            try:
+                await self._send(conn, lane, turn, attempts)
+                event = await self._next_event(conn, lane, read_timeout)
+                if event.get("type") == "error":
+                    self._after_error(conn, turn, event, attempts)
+                else:
+                    return await self._kept(conn, lane, turn, event, read_timeout, attempts)
+            except ConnectionLost as lost:
+                self._after_close(lost, turn, attempts)
+            finally:
+                self._release(conn, lane, clean=attempts.clean)
+            self.stats.resends += 1
+
+    async def _kept(
         self,
         conn: Connection,
         lane: str | None,
         turn: TurnRequest,
-        first: dict[str, Any],
+        event: dict[str, Any],
         timeout: float | None,
         attempts: TurnAttempts,
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        """The events from the first on; state is settled before the terminal event is handed on.
-
-        (A consumer may stop reading at the terminal event and never ask for more.)
-        """
-        event = first
+    ) -> list[dict[str, Any]]:
+        """The events from `event` on read to the end, and what of them `outcome` keeps."""
+        kept = []
         while True:
-            kind = event.get("type")
-            if kind in COMPLETED:
-                self._record(turn, event, conn.generation)
-            elif kind == FAILED:
-                self.chains.forget(turn.chain)
-            if kind in COMPLETED or kind == "error":
-                attempts.finished()
-            yield event
+            kind = self._settle(conn, turn, event, attempts)
+            if kind in TERMINAL or kind == "error":
+                kept.append(event)
             if attempts.done:
-                return
+                return kept
             if kind == FAILED:
                 trailing = await self._trailing_error(conn, lane)
                 attempts.finished()
-                if trailing is not None:
-                    yield trailing
-                return
+                return kept if trailing is None else [*kept, trailing]
             event = await self._next_event(conn, lane, timeout)
+
+    def _settle(self, conn: Connection, turn: TurnRequest, event: dict[str, Any], attempts: TurnAttempts) -> Any:
+        """What an event of the turn settles before it is handed on (the chain it records or loses); its type."""
+        kind = event.get("type")
+        if kind in COMPLETED:
+            self._record(turn, event, conn.generation)
+        elif kind == FAILED:
+            self.chains.forget(turn.chain)
+        if kind in COMPLETED or kind == "error":
+            attempts.finished()
+        return kind
 
     async def _next_event(self, conn: Connection, lane: str | None, timeout: float | None) -> dict[str, Any]:
         event = await conn.next_event(lane, timeout)
@@ -227,15 +255,10 @@ class Session:
             stats.turns += 1
             stats.turns_chained += chained or turn.fields.get("previous_response_id") is not None
             stats.bytes_http_equivalent += http_equivalent
-        log.debug(
-            "ws_transport: sent turn on socket #%d lane %s: chained=%s new_items=%d frame=%dB http_equivalent=%dB",
-            conn.generation,
-            lane,
-            chained,
-            len(turn.plan.new_items) if chained else len(turn.plan.items),
-            len(frame),
-            http_equivalent,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            new, size = len(turn.plan.new_items if chained else turn.plan.items), len(frame)
+            text = "sent turn on socket #%d lane %s: chained=%s new_items=%d frame=%dB http_equivalent=%dB"
+            log.debug("ws_transport: " + text, conn.generation, lane, chained, new, size, http_equivalent)
 
     def _record(self, turn: TurnRequest, event: dict[str, Any], generation: int) -> None:
         response = event.get("response") or {}
@@ -245,11 +268,11 @@ class Session:
             nbytes = turn.record_nbytes(output)
             turn.recorded = self.chains.record(turn.plan, response_id, output, nbytes, generation, turn.fields)
 
-    async def _acquire(
-        self, chain: Chain | None, headers: Headers, *, terminal_only: bool = False
-    ) -> tuple[Connection, str | None]:
+    async def _acquire(self, turn: TurnRequest, *, terminal_only: bool = False) -> tuple[Connection, str | None]:
         """A lane on the socket the pool picks for this turn, opening one when the pool says so."""
-        credentials = credentials_of(headers)
+        chain, headers = turn.chain, turn.headers
+        known = turn.credentials
+        credentials = known[1] if known is not None and known[0] is headers else credentials_of(headers)
         while True:
             if self.state is SessionState.CLOSED:
                 raise SessionClosed("the ws_transport session is closed")
@@ -258,7 +281,11 @@ class Session:
             decision = self.pool.acquire(credentials, None if chain is None else chain.generation)
             self._close_retired()
             if isinstance(decision, Wait):
-                await self._changed.wait()
+                self._waiting += 1
+                try:
+                    await self._changed.wait()
+                finally:
+                    self._waiting -= 1
                 continue
             if isinstance(decision, Open):
                 conn = await self._open(headers, credentials, replacing=decision.replacing)
@@ -312,36 +339,18 @@ class Session:
                 task.add_done_callback(self._closers.discard)
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake the turns waiting for a socket (a fresh event for the next waits; none made when none waits)."""
+        if self._waiting:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     async def _dial(self, headers: Headers) -> ClientConnection:
-        """Connect with the dialer's backoff; a refusal (404/405/426) or a spent budget means HTTP from now on."""
-        dialer = Dialer(self.options.reconnect)
-        while (delay := dialer.next_delay()) is not None:
-            await asyncio.sleep(delay)
-            try:
-                return await self._connect(headers)
-            except InvalidStatus as exc:
-                status = exc.response.status_code
-                verdict = dialer.failed(status, f"the server refused the WebSocket upgrade with HTTP {status}")
-                if verdict is Verdict.REJECT:
-                    content_type = exc.response.headers.get("content-type", "text/plain")
-                    body = bytes(exc.response.body or b"")
-                    raise UpgradeRejected(status, body, [("content-type", content_type)]) from exc
-            except (OSError, TimeoutError, InvalidHandshake) as exc:
-                verdict = dialer.failed(None, str(exc))
-            log.debug("ws_transport: connection attempt %d failed: %s", dialer.attempts, dialer.reason)
-            self.replicas.failed()  # the next replica, if any
-            if verdict is Verdict.FALL_BACK:
-                break
-        self._fall_back(dialer.reason)
-
-    async def _connect(self, headers: Headers) -> ClientConnection:
+        """A socket (see `dialing.dial`); a refusal (404/405/426) or a spent budget means HTTP from now on."""
         assert self.url is not None
-        options: dict[str, Any] = {"max_size": None, "compression": None, "open_timeout": self.options.open_timeout_s}
-        options.update(self.options.connect_options)
-        return await _sdk.connect_websocket(self.replicas.current, headers, self.user_agent, **options)
+        try:
+            return await dial(self.options, self.replicas, headers, self.user_agent)
+        except FallBack as exc:
+            self._fall_back(exc.reason)
 
     def _fall_back(self, reason: str) -> NoReturn:
         if self.state is SessionState.WEBSOCKET:

@@ -89,6 +89,8 @@ class TurnRequest:
     """Already in the session's turn count (a resend or an SDK retry is not a new turn)."""
     headers: list[tuple[str, str]] = field(default_factory=list)
     """The upgrade headers of the request that carried the turn: its credentials pick the socket."""
+    credentials: tuple[list[tuple[str, str]], Any] | None = None
+    """(headers, their credentials) worked out before, used while `headers` is that very list."""
     on_socket: bool = False
     """A frame of the turn went out on a socket (its upgrade headers were good for one)."""
     input_nbytes: int = field(default=0, init=False)
