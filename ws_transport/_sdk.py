@@ -21,7 +21,12 @@ import httpx2
 from openai import AsyncOpenAI, OpenAI
 from openai._base_client import make_request_options
 from openai._models import add_request_id
-from openai._types import NOT_GIVEN
+from openai._types import NOT_GIVEN, NotGiven
+
+try:
+    from openai._types import Omit
+except ImportError:  # a release without `omit`
+    Omit = None  # type: ignore[assignment,misc]
 from openai._utils import is_given, transform
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.responses import Response, ResponseInputParam, ResponseStreamEvent
@@ -79,7 +84,11 @@ def replace_transports(client: Client, make: Callable[[Any], Any]) -> None:
 
 def given(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments a caller actually passed to a resource method (`NOT_GIVEN` ones dropped)."""
-    return {k: v for k, v in kwargs.items() if is_given(v)}
+    return {k: v for k, v in kwargs.items() if not isinstance(v, _UNGIVEN)}
+
+
+_UNGIVEN = tuple(kind for kind in (NotGiven, Omit) if kind is not None and not is_given(kind()))
+"""The sentinel types `is_given` refuses in the installed release, for one `isinstance` per argument."""
 
 
 def passed(kwargs: Mapping[str, Any], name: str) -> bool:
@@ -87,11 +96,11 @@ def passed(kwargs: Mapping[str, Any], name: str) -> bool:
     return name in kwargs and is_given(kwargs[name])
 
 
-def client_state(client: Client) -> tuple[Any, ...]:
-    """Everything `request_key` reads from a client, as a value equal to an earlier one only while none
-    of it changed: its attributes (a new key, base URL, organization, copy of a header table...) and
-    the contents of its custom header table (the one mutable attribute its headers are built from)."""
-    return type(client), tuple(vars(client).items()), tuple(client._custom_headers.items())
+def client_state(client: Client) -> tuple[type, dict[str, Any], Mapping[str, Any]]:
+    """Everything `request_key` reads from a client, live: its class, its attributes (a new key, base URL,
+    organization, copy of a header table...) and its custom header table (the one mutable attribute its
+    headers are built from). Compared with copies of an earlier state: equal only while none of it changed."""
+    return type(client), vars(client), client._custom_headers
 
 
 def create_fields(params: Mapping[str, Any]) -> dict[str, Any]:

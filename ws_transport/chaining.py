@@ -24,14 +24,12 @@ import pydantic
 
 Params = dict[str, Any]
 
-PASSTHROUGH_PARAMS = frozenset({"previous_response_id", "conversation"})
-"""A request carrying one of these names its own server-side state: sent as is, never chained."""
-
 
 def names_its_own_state(params: Params) -> bool:
-    """Whether the caller chose the server-side state itself. A `None` value chooses nothing: LlamaIndex's
+    """Whether the caller chose the server-side state itself (`previous_response_id` or `conversation`):
+    such a request is sent as is, never chained. A `None` value chooses nothing: LlamaIndex's
     `OpenAIResponses` sends `previous_response_id=None` on every call unless it tracks responses itself."""
-    return any(params.get(name) is not None for name in PASSTHROUGH_PARAMS)
+    return params.get("previous_response_id") is not None or params.get("conversation") is not None
 
 
 @dataclass(slots=True)
@@ -46,6 +44,8 @@ class Chain:
     stored: bool
     fields: dict[str, Any] | None = None
     """`params` as JSON-ready request fields, so a chained turn with equal params reuses them."""
+    head: bytes | None = None
+    """`fields` encoded as the start of a `response.create` frame (see `TurnRequest.frame`), once they were."""
 
     def usable_on(self, generation: int) -> bool:
         """A connection-local chain only works on the socket that made it; a stored one anywhere."""
@@ -103,6 +103,8 @@ class ChainBook:
         if not plan.recordable:
             return None
         chain = Chain(response_id, plan.params, [*plan.items, *output], nbytes, generation, plan.stored, fields)
+        if plan.chain is not None and plan.chain.fields is fields:
+            chain.head = plan.chain.head
         with self._lock:
             if plan.chain is not None:
                 self._chains.pop(plan.chain.response_id, None)

@@ -24,6 +24,7 @@ HTTP; an error costs that one more round trip.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,6 @@ from .policy import SessionState
 from .session import Session
 from .turn import TurnRequest
 
-PER_CALL = ("extra_headers", "extra_query")
-"""Per-call request options that only the SDK's pipeline applies."""
 GIVE_UP = (TurnRejected, UpgradeRejected, ConnectionLost, TimeoutError, UseHTTP, SessionClosed)
 """What sends the turn again through the SDK's path, to be raised, retried or sent over HTTP as there."""
 
@@ -59,7 +58,7 @@ class DirectPath:
         self.client = client
         self.session = session
         self.binding: Binding | None = None
-        self._state: Any = None
+        self._seen: tuple[type, dict[str, Any], dict[str, Any]] | None = None
         self._key: tuple[Any, ...] | None = None
 
     def key(self) -> tuple[Any, ...] | None:
@@ -68,9 +67,10 @@ class DirectPath:
         Worked out again only when the client's attributes changed since the last call (`_sdk.client_state`):
         the SDK builds its default headers afresh on every request, which cost more than a whole floor turn.
         """
-        state = _sdk.client_state(self.client)
-        if not _same(state, self._state):
-            self._state, self._key = state, _sdk.request_key(self.client)
+        kind, attributes, headers = _sdk.client_state(self.client)
+        seen = self._seen
+        if seen is None or kind is not seen[0] or not _same(attributes, seen[1]) or not _same(headers, seen[2]):
+            self._seen, self._key = (kind, dict(attributes), dict(headers)), _sdk.request_key(self.client)
         return self._key
 
     def learn(self, key: tuple[Any, ...] | None, turn: TurnRequest) -> None:
@@ -91,7 +91,7 @@ class DirectPath:
             or _sdk.validates_strictly(self.client)
         ):
             return False
-        if any(kwargs.get(name) for name in PER_CALL) or _sdk.passed(kwargs, "timeout"):
+        if kwargs.get("extra_headers") or kwargs.get("extra_query") or _sdk.passed(kwargs, "timeout"):
             return False
         if self.key() != binding.key:
             self.binding = None
@@ -124,10 +124,11 @@ class DirectPath:
         return response
 
 
-def _same(state: Any, before: Any) -> bool:
-    """`state == before`; False where an attribute's `==` raises (then the key is worked out again)."""
+def _same(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    """`now == before` (values compared by identity, then `==`); False where a value's `==` raises
+    (then the key is worked out again)."""
     try:
-        return bool(state == before)
+        return now == before
     except Exception:
         return False
 

@@ -51,7 +51,20 @@ INT64 = range(-(2**63), 2**64)
 
 
 def is_plain(value: Any) -> bool:
-    """Whether `orjson` writes `value` exactly as the SDK's transform and encoder would."""
+    """Whether `orjson` writes `value` exactly as the SDK's transform and encoder would.
+
+    Plain dicts and lists of strings (most input items) are walked in one loop, without a call per value."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (type(item) is not str and not is_plain(item)):
+                return False
+        return True
+    if kind is list:
+        for item in value:  # noqa: SIM110 (a loop, not `all()` of a generator: no frame per item)
+            if type(item) is not str and not is_plain(item):
+                return False
+        return True
     if isinstance(value, PLAIN_LEAVES):
         return True
     if isinstance(value, dict):
@@ -115,13 +128,26 @@ class TurnRequest:
         assert chain is not None
         new_items = encode_items(self.plan.new_items)
         self.input_nbytes = chain.prefix_nbytes + len(new_items)
-        event: dict[str, Any] = {"type": "response.create", **self.fields}
-        event["previous_response_id"] = chain.response_id
-        if stream_id is not None:
-            event["stream_id"] = stream_id
-        head = encode_json(event)
-        frame = head[:-1] + b',"input":' + new_items + b"}"
+        frame = self._chained_head(chain, stream_id) + b',"input":' + new_items + b"}"
         return frame, len(frame) + chain.prefix_nbytes
+
+    def _chained_head(self, chain: Chain, stream_id: str | None) -> bytes:
+        """`{"type":"response.create", ...fields, "previous_response_id": ..., "stream_id": ...` (unclosed).
+
+        The fields' part is encoded once per chain of turns sharing one fields dict (`Chain.head`)."""
+        fields = self.fields
+        if "previous_response_id" in fields or "stream_id" in fields:  # (as None): the merged dict puts it there
+            event: dict[str, Any] = {"type": "response.create", **fields, "previous_response_id": chain.response_id}
+            if stream_id is not None:
+                event["stream_id"] = stream_id
+            return encode_json(event)[:-1]
+        head = chain.head if chain.fields is fields else None
+        if head is None:
+            head = encode_json({"type": "response.create", **fields})[:-1]
+            if chain.fields is fields:
+                chain.head = head
+        head += b',"previous_response_id":' + orjson.dumps(chain.response_id)
+        return head if stream_id is None else head + b',"stream_id":' + orjson.dumps(stream_id)
 
     def http_body(self) -> bytes:
         """The body plain HTTP would send: a chat call's own body, else every field and the whole input."""
