@@ -38,7 +38,7 @@ from .settings import Settings
 from .state import ConnectionCache, MemoryResponseStore, ResponseStore
 from .tenants import ApiKey, load_keys, scope_tenant
 from .tokens import counters_by_model
-from .trim import Count, Counts, Trimmer
+from .trim import Count, Counts, Trimmer, settle_hooks
 from .turn import Turn
 from .turn_plan import TurnEnv
 from .ws import CLOSE_GOING_AWAY, FORCE_CLOSE_EXTENSION, ResponsesConnection
@@ -164,6 +164,7 @@ def create_app(
         cache_budget=CacheBudget(
             settings.cache_budget_bytes or default_cache_budget(), settings.tenant_cache_max_bytes
         ),
+        trimmer=Trimmer(settle=settle_hooks(backend)),
     )
 
     async def websocket_endpoint(websocket: WebSocket) -> None:

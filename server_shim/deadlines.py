@@ -73,6 +73,15 @@ class Timer:
     def discard(self, watch: Watch) -> None:
         self.watches.discard(watch)
 
+    def settle(self) -> None:
+        """With nothing watched, disarm the loop timer now rather than when it comes due (a minute or more
+        after the last stream ended): its handle, callback and due time, made during a burst of clients,
+        would keep the memory they sit in from going back to the system (see `trim.py`)."""
+        if not self.watches and self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+            self.armed_at = math.inf
+
     def due(self, now: float) -> tuple[list[Watch], float]:
         """The watches past due at `now` (no longer watched), and the earliest due time of the others."""
         past = [watch for watch in self.watches if watch.due <= now]

@@ -240,6 +240,11 @@ class Router:
             return
         raise last_error or self._unavailable(request.model)
 
+    def settle(self) -> None:
+        """Once after a burst of clients (the trim): disarm the deadline timer if nothing is watched."""
+        if self._timer is not None:
+            self._timer.settle()
+
     def _deadline_timer(self) -> Timer:
         """The one deadline timer of the running event loop (a router may outlive a loop, in tests)."""
         loop = asyncio.get_running_loop()

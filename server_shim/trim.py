@@ -25,7 +25,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from . import metrics
 
@@ -146,6 +146,18 @@ class TrimTimes(Counts):
     """The first close of the pending burst; NaN when none is pending."""
     last = Seconds()
     allowed = Seconds()
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """A part that holds something only a burst of clients needed (a timer): `settle` lets go of it."""
+
+    def settle(self) -> None: ...
+
+
+def settle_hooks(*parts: object) -> tuple[Callable[[], None], ...]:
+    """What the trim runs before collecting: the held metric observations applied, then each part's `settle`."""
+    return (metrics.flush_turns, *(part.settle for part in parts if isinstance(part, Settles)))
 
 
 @dataclass

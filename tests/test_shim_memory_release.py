@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import sys
 import tracemalloc
 import weakref
@@ -28,12 +29,14 @@ from support.wire import MODEL, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim import events, health, ledger_sinks, metrics
-from server_shim.app import ShimStats
+from server_shim.app import ShimStats, create_app
+from server_shim.deadlines import Timer
 from server_shim.events import new_id
 from server_shim.health import Health, TokenWindow
 from server_shim.ledger import Ledger, UsageRecord
 from server_shim.ledger_sinks import SqliteSink
 from server_shim.router import RouterStats
+from server_shim.settings import Settings
 from server_shim.trim import (
     FUTURE_ITERATORS,
     GC_SHARE,
@@ -318,6 +321,32 @@ async def test_the_trimmers_times_are_kept_in_place():
     assert (trimmer.times.first, trimmer.times.last) == (1_000.5, 1_100.5)
     assert trimmer._timer is not None
     trimmer._timer.cancel()
+
+
+class _Due:
+    def __init__(self, due: float) -> None:
+        self.due = due
+
+
+async def test_the_deadline_timer_finished_streams_left_armed_is_disarmed_at_the_trim():
+    loop = asyncio.get_running_loop()
+    timer = Timer(loop, loop.time)
+    done, running = _Due(loop.time() + 60.0), _Due(loop.time() + 90.0)
+    timer.add(done)  # type: ignore[arg-type]
+    timer.discard(done)  # type: ignore[arg-type]
+    assert timer.handle is not None  # would stay armed (and allocated) a minute after the burst
+    timer.add(running)  # type: ignore[arg-type]
+    timer.settle()
+    assert timer.handle is not None and timer.armed_at == done.due  # a stream still watched keeps it
+    timer.discard(running)  # type: ignore[arg-type]
+    handle = timer.handle
+    timer.settle()
+    assert (timer.handle, timer.armed_at, handle.cancelled()) == (None, math.inf, True)
+
+
+def test_the_apps_trim_settles_the_router():
+    shim = create_app(Settings()).state.shim
+    assert shim.trimmer.settle == (metrics.flush_turns, shim.env.backend.settle)
 
 
 def test_counters_bumped_past_the_small_ints_leave_no_object_behind():
