@@ -183,13 +183,7 @@ class _Renderer:
             self.messages.append({"content": content, "role": "tool", "tool_call_id": item["call_id"]})
 
     def _message(self, item: Item) -> None:
-        role = item["role"]
-        content = item["content"]
-        if role == "developer":
-            role = "system"
-        if isinstance(content, list):
-            content = _chat_content(content)
-        self.messages.append({"content": content, "role": role})
+        self.messages.append(_chat_message(item))
 
     def _call(self, item: Item, arguments: str) -> None:
         """A function or custom tool call as an assistant tool call, named as `tools.chat_tools` names it."""
@@ -206,8 +200,20 @@ class _Renderer:
         self.messages.append({"content": "", "role": "assistant", "tool_calls": [call]})
 
 
+def _chat_message(item: Item) -> Message:
+    role = item["role"]
+    content = item["content"]
+    if role == "developer":
+        role = "system"
+    if isinstance(content, list):
+        content = _chat_content(content)
+    return {"content": content, "role": role}
+
+
 def render_items(items: Sequence[Item]) -> list[Message]:
     """Chat messages for a batch of items; consecutive calls join the assistant message before them."""
+    if len(items) == 1 and items[0].get("type", "message") == "message":
+        return [_chat_message(items[0])]  # most batches: a user's input or a reply, one message
     renderer = _Renderer()
     for item in _outputs_first(items):
         renderer.add(item)
@@ -263,6 +269,8 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
 
 
 def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    if len(parts) == 1 and parts[0].get("type") in _TEXT_PARTS:  # most contents: one text part, as `_text_of` reads it
+        return parts[0].get("text") or parts[0].get("refusal") or ""
     for part in parts:  # a loop, not `all()` over a generator: most contents are one text part
         if part.get("type") not in _TEXT_PARTS:
             break

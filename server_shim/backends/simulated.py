@@ -162,7 +162,8 @@ def _text_pieces(request: BackendRequest, last: Message | None) -> Iterator[Delt
     if last is not None and last["role"] == "tool":
         yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
         count -= 1
-    yield from (TextDelta(WORDS[i % len(WORDS)]) for i in range(max(0, count)))
+    for i in range(count):
+        yield TextDelta(WORDS[i % len(WORDS)])
 
 
 def _structured(response_format: Any) -> Iterator[str] | None:
