@@ -151,21 +151,22 @@ class Watch:
         """The due time passed (a read that has to wait is cut)."""
         self.cancelled = False
         """This watch cancelled the task (the cancellation is withdrawn once the read ends)."""
-        self.base = 0
-        """The task's pending cancellations before this watch added one (what `uncancel` returns to)."""
         self.kick: asyncio.Handle | None = None
         """The cut scheduled for a read started past due (withdrawn if the read did not have to wait)."""
         task = asyncio.current_task()  # the reading task, once: each lookup is a `getpid` system call
         assert task is not None
         self.task = task
+        self.base = task.cancelling()
+        """The task's pending cancellations when the watch began (what `uncancel` returns to): more when the
+        deadline passes means the task was cancelled from outside, and that cancellation wins (as with
+        `asyncio.timeout`, which records the count on entry): the deadline neither cancels nor claims it."""
         timer.add(self)
 
     def expire(self) -> None:
         """The due time passed: the read in progress is cancelled; one started later will be."""
         self.kick = None
         self.expired = True
-        if self.waiting and not self.cancelled:
-            self.base = self.task.cancelling()
+        if self.waiting and not self.cancelled and self.task.cancelling() <= self.base:
             self.cancelled = True
             self.task.cancel()
 

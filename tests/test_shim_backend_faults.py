@@ -127,6 +127,42 @@ async def test_a_cancellation_from_outside_is_not_a_deadline():
     await asyncio.sleep(0.3)  # the deadline's timer went with the stream: nothing fires later
 
 
+@pytest.mark.parametrize("outside_first", [True, False])
+async def test_a_cancellation_from_outside_in_the_same_step_as_the_deadline_stays_a_cancellation(outside_first):
+    """Review finding: an outside cancel landing just before the deadline fired (both ready in one loop step)
+    was swallowed into a retryable `DeadlineExceeded` (the router failed over for a caller that had gone).
+    Either order in that step, the caller's cancellation wins."""
+    loop = asyncio.get_running_loop()
+    clock = Clock()
+    timer = Timer(loop, clock)
+    reading = asyncio.Event()
+
+    async def reader() -> None:
+        watch = Watch(Deadlines(0.2, 10.0), timer, clock())
+        try:
+            watch.waiting = True
+            reading.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                watch.cut()
+                raise
+        finally:
+            watch.close()
+
+    task = asyncio.create_task(reader())
+    await reading.wait()
+    clock.now += 0.3
+    if outside_first:
+        task.cancel()
+        timer._fire()
+    else:
+        timer._fire()
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 class Clock:
     """A clock that moves only when told."""
 
