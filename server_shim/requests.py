@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
+from openai.types.responses import Response
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -13,6 +16,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     field_validator,
 )
@@ -121,6 +125,8 @@ def parse_create(
             "'conversation' is not supported by this server; chain with 'previous_response_id'.",
             "conversation",
         )
+    if request.model_extra:
+        check_echoed_extras(request.model_extra)
     effort = (request.reasoning or {}).get("effort")
     if effort is not None and effort not in REASONING_EFFORTS:
         raise invalid(
@@ -180,9 +186,32 @@ def check_stream_id(value: Any) -> str | None:
     return value
 
 
-def validation_error(exc: ValidationError) -> APIError:
+@functools.cache
+def _echoed_extras() -> dict[str, TypeAdapter[Any]]:
+    """Fields the shim does not declare but the Response object echoes (`prompt`, `image`, `moderation`...: the
+    installed SDK's, whatever its version), each with the type the Response gives it."""
+    names = (frozenset(Response.model_fields) & frozenset(ResponseCreateParamsBase.__annotations__)) - frozenset(
+        CreateRequest.model_fields
+    )
+    return {name: TypeAdapter(Response.model_fields[name].annotation or Any) for name in sorted(names)}
+
+
+def check_echoed_extras(extra: dict[str, Any]) -> None:
+    """An undeclared field the Response object echoes must be what the SDK's `Response` takes there: echoed
+    as sent, `{"prompt": "x"}` made every response event fail the SDK's typed parser (and `response.prompt.id`
+    an `AttributeError` for the caller). Only requests with unknown fields pay for this."""
+    for name, adapter in _echoed_extras().items():
+        if name in extra:
+            try:
+                adapter.validate_python(extra[name])
+            except ValidationError as exc:
+                raise validation_error(exc, name) from None
+
+
+def validation_error(exc: ValidationError, field: str | None = None) -> APIError:
+    """The first error as a 400 naming its parameter (`field`: the field validated on its own, as its root)."""
     error = exc.errors()[0]
-    loc = error["loc"]
+    loc = (field, *error["loc"]) if field else error["loc"]
     param = ".".join(str(part) for part in loc) if loc else None
     if error["type"] == "missing":
         return invalid("missing_required_parameter", f"Missing required parameter: '{param}'.", param)

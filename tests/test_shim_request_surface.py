@@ -9,7 +9,18 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import Response
 from pydantic import BaseModel
-from support.wire import AGENTS_TOOL, API_KEY, MODEL, PATCH_TOOL, RESPONSE, completed_ok, recv_event, run_turn, user
+from support.wire import (
+    AGENTS_TOOL,
+    API_KEY,
+    MODEL,
+    PATCH_TOOL,
+    RESPONSE,
+    completed_ok,
+    recv_event,
+    run_turn,
+    send_raw,
+    user,
+)
 
 from server_shim.config import ShimConfig
 from server_shim.events import ECHOED_FIELDS
@@ -195,6 +206,35 @@ async def test_a_tool_name_openai_refuses_is_a_400_naming_it_on_both_transports(
             assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", param)
             second = await run_turn(conn, input="more", previous_response_id=first.id, store=False)
             completed_ok(second)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"prompt": "x"}, "prompt"),
+        ({"image": 5}, "image"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    ],
+    ids=["prompt-string", "image-number", "retention-word"],
+)
+async def test_an_undeclared_echoed_field_of_the_wrong_type_is_a_400_on_both_transports(make_server, extra, param):
+    """Review finding: echoed as sent, such a field made every response event fail the SDK's typed parser
+    (`response.prompt.id` an AttributeError for the caller). A valid one is still echoed as sent."""
+    server = make_server()
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.responses.create(model=MODEL, input="hi", extra_body=extra)
+        assert (refused.value.code, refused.value.param) == ("invalid_value", param)
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="hi", store=False)
+            frame = {"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": first.id}
+            await send_raw(conn, {**frame, **extra})
+            error = await recv_event(conn)
+            assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", param)
+            prompt = {"id": "pmpt_1", "variables": {"city": "Paris"}}
+            second = await run_turn(conn, input="more", previous_response_id=first.id, store=False, prompt=prompt)
+            completed_ok(second)
+            assert second.response["prompt"] == prompt
 
 
 @pytest.mark.parametrize(("policy", "listed"), [(None, True), ("drop", True), ("pass", False)])
