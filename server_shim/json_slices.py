@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from .json_shape import Shape, measure_steps
+from .json_shape import Shape, bounds, measure_steps
 from .json_walk import Walk
 
 WINDOW = 32 * 1024
@@ -63,17 +63,22 @@ async def load_measured(
     data: str | bytes, nbytes: int, threshold: int, max_values: int, max_depth: int
 ) -> tuple[Any, Shape]:
     """`load`, after the text is measured (`json_shape`): a document of more than `max_values` values raises
-    `json_shape.TooManyValues` before it is parsed. A large one is measured in slices too."""
-    steps, large = measure_steps(data, max_values, max_depth), parse_in_slices(nbytes, threshold)
+    `json_shape.TooManyValues` before it is parsed. A large one is measured in slices too; a small one whose
+    `bounds` settle the limits is not measured exactly, and is parsed in one call."""
+    shape, large = bounds(data, nbytes, max_values, max_depth), parse_in_slices(nbytes, threshold)
+    if shape is None:
+        shape = await _measured(measure_steps(data, max_values, max_depth), pause=large)
+    return (await load(data, nbytes, threshold) if large else orjson.loads(data)), shape
+
+
+async def _measured(steps: Generator[None, None, Shape], *, pause: bool) -> Shape:
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            shape: Shape = done.value
-            break
-        if large:
+            return done.value
+        if pause:
             await asyncio.sleep(0)
-    return await load(data, nbytes, threshold), shape
 
 
 DISPOSE_CHUNK = 2_000

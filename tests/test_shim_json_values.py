@@ -28,7 +28,7 @@ from server_shim.backends import SimulatedBackend
 from server_shim.events import new_id
 from server_shim.footprint import footprint, footprint_steps
 from server_shim.history import History
-from server_shim.json_shape import STEP_BYTES, TooManyValues, depth, measure, measure_steps
+from server_shim.json_shape import STEP_BYTES, TooManyValues, bounds, depth, measure, measure_steps
 from server_shim.request_fields import SHIM_FIELDS, responses_fields
 from server_shim.requests import CreateRequest, parse_create
 from server_shim.state import MemoryResponseStore, ResponseState
@@ -71,6 +71,32 @@ def test_the_count_and_depth_from_the_text_are_those_of_the_parsed_value(value, 
     expected = truth(orjson.loads(text))
     assert measured(text, step) == expected
     assert measured(text.encode(), step) == expected
+
+
+@EXAMPLES
+@given(_VALUES | st.text(max_size=40), st.booleans(), st.integers(1, 400), st.integers(0, 70))
+def test_the_bounds_never_settle_what_the_exact_count_would_refuse(value, as_bytes, max_values, max_depth):
+    """`bounds` (a small frame's shortcut) is taken only where the exact count would not refuse, and gives at
+    least the exact figures: the depth it gives spares a nesting walk only where the walk finds nothing. Text
+    that is not JSON too (a raw string), which the parse refuses after either."""
+    text = json.dumps(value) if not isinstance(value, str) or value[:1] in ('"', "") else value
+    data = text.encode() if as_bytes else text
+    bound = bounds(data, len(text.encode()), max_values, max_depth)
+    if bound is None:
+        return
+    exact = measure(data, max_values, 1024)  # raises TooManyValues if the exact count refuses
+    assert bound.values >= exact.values and bound.depth <= max_depth
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return  # not JSON: refused by the parse either way; its "depth" means nothing
+    assert bound.depth >= exact.depth
+
+
+def test_the_bounds_settle_a_small_shallow_frame_and_leave_the_rest_to_the_exact_count():
+    assert bounds("[" * 10 + "]" * 10, 20, 21, 10) == (21, 10) and bounds("[" * 11 + "]" * 11, 22, 23, 10) is None
+    assert bounds(b'{"a":"[{"}', 10, 11, 3) == (11, 3)  # brackets in strings count: a bound, never too low
+    assert bounds("[]", 2, 2, 64) is None  # not fewer bytes than the values bound: counted exactly
 
 
 def test_depth_is_exact_up_to_the_cap_and_capped_beyond():
