@@ -157,16 +157,17 @@ class Watch:
         assert task is not None
         self.task = task
         self.base = task.cancelling()
-        """The task's pending cancellations when the watch began (what `uncancel` returns to): more when the
-        deadline passes means the task was cancelled from outside, and that cancellation wins (as with
-        `asyncio.timeout`, which records the count on entry): the deadline neither cancels nor claims it."""
+        """The task's pending cancellations when the watch began (what `uncancel` returns to), as
+        `asyncio.timeout` records it on entry: a read the deadline cut while a cancellation from outside is
+        also pending (in the same loop step, or one a backend swallowed) ends in that `CancelledError`, not
+        a retryable `DeadlineExceeded`; the read is cut at the deadline either way."""
         timer.add(self)
 
     def expire(self) -> None:
         """The due time passed: the read in progress is cancelled; one started later will be."""
         self.kick = None
         self.expired = True
-        if self.waiting and not self.cancelled and self.task.cancelling() <= self.base:
+        if self.waiting and not self.cancelled:
             self.cancelled = True
             self.task.cancel()
 

@@ -4,6 +4,7 @@ failures, clients see sanitized errors, and deadlines end stalled or trickling s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -369,3 +370,33 @@ async def test_a_line_that_never_ends_is_a_malformed_stream_not_unbounded_memory
         async for _ in bounded_lines(endless, max_line_bytes=10_000):
             pass
     assert caught.value.backend_fault
+
+
+async def test_a_stream_that_swallowed_a_cancellation_is_still_cut_at_its_deadline():
+    """Review finding: a backend that swallows an outside cancellation and stalls kept its read past the
+    deadline (3 s against 0.5 s). It is cut at the deadline, as the cancellation it swallowed."""
+
+    async def stall() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # a misbehaving backend
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(30)
+
+    async def reader(timer: Timer) -> None:
+        watch = Watch(Deadlines(0.3, 1.0), timer, time.monotonic())
+        try:
+            watch.waiting = True
+            try:
+                await stall()
+            except asyncio.CancelledError:
+                watch.cut()
+                raise
+        finally:
+            watch.close()
+
+    task = asyncio.create_task(reader(Timer(asyncio.get_running_loop(), time.monotonic)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    started = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert time.monotonic() - started < 2
