@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Mapping, Set
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
 from .callids import own_calls
 from .errors import APIError, previous_response_in_progress, previous_response_not_found
-from .events import ECHO_DEFAULTS
 from .footprint import footprint
 from .history import History
 from .items import Item
+from .response_held import response_held
 from .tools import ChatTools
 
 if TYPE_CHECKING:
@@ -21,24 +22,6 @@ if TYPE_CHECKING:
 
 STATE_OVERHEAD = 1024
 """The state object, its call-id set and the bookkeeping around it, per response."""
-
-
-def _sizes(containers: Iterable[Any]) -> dict[int, int]:
-    """The footprint of each container and of every container inside it, by `id`."""
-    sizes: dict[int, int] = {}
-    stack = [c for c in containers if isinstance(c, (dict, list))]
-    while stack:
-        container = stack.pop()
-        sizes[id(container)] = footprint(container)
-        stack.extend(
-            c for c in (container.values() if isinstance(container, dict) else container) if isinstance(c, (dict, list))
-        )
-    return sizes
-
-
-ECHO_DEFAULT_SIZES = _sizes(ECHO_DEFAULTS.values())
-"""The Response object's echoed defaults (`reasoning`, `text`, ...) are the same objects in every response and
-never change: their footprints are taken from here rather than walked every turn."""
 
 
 @dataclass(slots=True)
@@ -77,14 +60,13 @@ class ResponseState:
 
     def __post_init__(self, parent: ResponseState | None, echo_held: Mapping[int, int] | None) -> None:
         # the output is in the history; the tools are counted once, whichever of the two lists holds them
-        response = {key: value for key, value in self.response.items() if key != "output" and key != "tools"}
         echoed = self.response.get("tools")
         inherited = parent is not None and self.tools is parent.tools
         if echoed is None or echoed is self.tools:
             if inherited and parent is not None and parent.tools_held is not None:
                 self.tools_held = parent.tools_held
             elif self.tools_held is None:
-                self.tools_held = footprint(self.tools)
+                self.tools_held = footprint(self.tools) if self.tools else sys.getsizeof(self.tools)
             tools = self.tools_held
         else:
             tools = footprint((self.tools, echoed))
@@ -94,10 +76,7 @@ class ResponseState:
             STATE_OVERHEAD
             + self.history.held
             - self.base_held
-            + footprint(
-                (response, self.carry, self.checks, tuple(own_calls(self.call_ids))),
-                {**ECHO_DEFAULT_SIZES, **echo_held} if echo_held else ECHO_DEFAULT_SIZES,
-            )
+            + response_held(self.response, (self.carry, self.checks, tuple(own_calls(self.call_ids))), echo_held)
             + tools
         )
 

@@ -25,9 +25,10 @@ from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
+from .response_held import ECHO_DEFAULT_SIZES
 from .safety import Classifier, Validator
 from .stages import StageClock
-from .state import ECHO_DEFAULT_SIZES, ConnectionCache, ResponseState, ResponseStore, RunningResponses, shared_tools
+from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses, shared_tools
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 

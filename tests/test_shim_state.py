@@ -408,7 +408,7 @@ def test_the_echoed_defaults_known_footprints_give_the_walked_figure():
     from server_shim.events import response_object
     from server_shim.footprint import footprint
     from server_shim.requests import CreateRequest
-    from server_shim.state import ECHO_DEFAULT_SIZES
+    from server_shim.response_held import ECHO_DEFAULT_SIZES
 
     for body in ({"model": "m"}, {"model": "m", "text": {"verbosity": "low"}, "reasoning": {"effort": "low"}}):
         response = response_object("resp_1", CreateRequest.model_validate(body), status="completed")
