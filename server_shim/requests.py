@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from openai.types.responses import Response
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
@@ -21,6 +21,7 @@ from pydantic import (
     field_validator,
 )
 
+from . import request_shapes as shapes
 from .errors import APIError, invalid
 from .limits import DEFAULT_LIMITS, RequestLimits, check_body
 
@@ -84,14 +85,7 @@ class CreateRequest(BaseModel):
     @field_validator("text")
     @classmethod
     def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        fmt = (value or {}).get("format")
-        if fmt is None:
-            return value
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind not in ("text", "json_object", "json_schema"):
-            raise ValueError("format.type must be 'text', 'json_object' or 'json_schema'")
-        if kind == "json_schema" and not (isinstance(fmt.get("name"), str) and isinstance(fmt.get("schema"), dict)):
-            raise ValueError("a json_schema format needs a 'name' and a 'schema' object")
+        check_text_format(value)
         return value
 
     @property
@@ -99,20 +93,81 @@ class CreateRequest(BaseModel):
         return self.store is not False
 
 
+def _text_checked(value: Any) -> bool:
+    if not shapes.optional_object(value):
+        return False
+    try:
+        check_text_format(value)
+    except ValueError:
+        return False
+    return True
+
+
+plainly_valid = shapes.PlainValidator(
+    CreateRequest,
+    {
+        "model": lambda value: value.__class__ is str and value != "",
+        "input": frozenset({str, list, type(None)}),
+        "instructions": shapes.OPTIONAL_STR,
+        "previous_response_id": shapes.OPTIONAL_STR,
+        "tools": shapes.optional_objects,
+        "tool_choice": shapes.anything,
+        "parallel_tool_calls": shapes.OPTIONAL_BOOL,
+        "store": shapes.OPTIONAL_BOOL,
+        "stream": shapes.OPTIONAL_BOOL,
+        "background": shapes.OPTIONAL_BOOL,
+        "generate": shapes.OPTIONAL_BOOL,
+        "stream_id": shapes.OPTIONAL_STR,
+        "max_output_tokens": shapes.optional_int(1),
+        "temperature": shapes.optional_float(0, 2),
+        "top_p": shapes.optional_float(0, 1),
+        "metadata": shapes.optional_string_map,
+        "text": _text_checked,
+        "user": shapes.OPTIONAL_STR,
+        "reasoning": shapes.optional_object,
+        "top_logprobs": shapes.optional_int(0, 20),
+        "max_tool_calls": shapes.optional_int(1),
+        "prompt_cache_key": shapes.OPTIONAL_STR,
+        "safety_identifier": shapes.OPTIONAL_STR,
+        "service_tier": shapes.optional_choice(get_args(ServiceTier)),
+        "truncation": shapes.optional_choice(("auto", "disabled")),
+        "include": shapes.optional_strings,
+    },
+    private=lambda: {"_chat_only": {}},
+).build
+"""`CreateRequest.model_validate` for bodies whose every field plainly passes (`request_shapes`), else None."""
+
+
+def check_text_format(value: dict[str, Any] | None) -> None:
+    """`text.format`, as the SDK's types allow it (ValueError: why not)."""
+    fmt = (value or {}).get("format")
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ValueError("format.type must be 'text', 'json_object' or 'json_schema'")
+    if kind == "json_schema" and not (isinstance(fmt.get("name"), str) and isinstance(fmt.get("schema"), dict)):
+        raise ValueError("a json_schema format needs a 'name' and a 'schema' object")
+
+
 def parse_create(
     body: dict[str, Any], *, websocket: bool, limits: RequestLimits = DEFAULT_LIMITS, depth: int | None = None
 ) -> CreateRequest:
     """Validate a request body against the limits and the schema; errors carry the offending parameter.
 
-    `depth`: the document's nesting depth when its text was measured (`json_shape`), sparing the walks.
+    `depth`: the document's nesting depth (or a bound on it) when its text was measured (`json_shape`),
+    sparing the walks. A body of the common shapes is validated by plain checks (`request_shapes`), anything
+    else (and every refusal) by the model.
     """
-    fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
-    check_metadata(fields.get("metadata"))
-    check_body(fields, limits, depth)
-    try:
-        request = CreateRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    check_metadata(body.get("metadata"))
+    check_body(body, limits, depth)
+    request = plainly_valid(body, skip="type" if websocket else None)
+    if request is None:
+        fields = {k: v for k, v in body.items() if k != "type"} if websocket else body
+        try:
+            request = CreateRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
     if websocket and request.background:
         raise invalid(
             "unsupported_parameter",
@@ -127,7 +182,7 @@ def parse_create(
         )
     if request.model_extra:
         check_echoed_extras(request.model_extra)
-    effort = (request.reasoning or {}).get("effort")
+    effort = request.reasoning.get("effort") if request.reasoning else None
     if effort is not None and effort not in REASONING_EFFORTS:
         raise invalid(
             "invalid_value",
