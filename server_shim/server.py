@@ -8,6 +8,9 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
+from email.utils import formatdate
 
 import orjson
 import uvicorn
@@ -27,12 +30,70 @@ from .ws_protocol import ShimWebSocketProtocol
 log = logging.getLogger("responses_ws")
 
 
+class Connections(set[object]):
+    """uvicorn's set of open connections, calling `wake` when the first one opens (before it reads anything)."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        super().__init__()
+        self.wake = wake
+
+    def add(self, connection: object) -> None:
+        super().add(connection)
+        if len(self) == 1:
+            self.wake()
+
+
 class ShimServer(uvicorn.Server):
-    """uvicorn would close open sockets with 1012; drain and send 1001 (going away) before it does."""
+    """uvicorn would close open sockets with 1012; drain and send 1001 (going away) before it does.
+
+    uvicorn's main loop ticks ten times a second (the `Date` header once a second, the exit flag); this
+    one pauses while no connection is open, until one opens or the exit is asked for: an idle server
+    does not wake up, and what each tick made would otherwise land in the memory the last burst of
+    clients freed, keeping it from going back to the system (see `trim.py`).
+    """
 
     def __init__(self, config: uvicorn.Config, shim: ShimState) -> None:
+        self._exit = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._woken = asyncio.Event()
         super().__init__(config)
         self.shim = shim
+        self.server_state.connections = Connections(self._first_connection)  # type: ignore[assignment]
+
+    @property  # type: ignore[override]
+    def should_exit(self) -> bool:
+        return self._exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        """Set by a signal handler or from another thread (tests): wake a paused main loop."""
+        self._exit = value
+        if value:
+            self._wake()
+
+    def _first_connection(self) -> None:
+        """The `Date` header renewed at once (it was not while paused), then the main loop woken."""
+        date = [(b"date", formatdate(time.time(), usegmt=True).encode())] if self.config.date_header else []
+        self.server_state.default_headers = date + self.config.encoded_headers
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
+                self._loop.call_soon_threadsafe(self._woken.set)
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            if self.server_state.connections or self.config.callback_notify is not None:  # a supervisor's heartbeat
+                await asyncio.sleep(0.1)
+                counter = (counter + 1) % 864_000
+            else:
+                self._woken.clear()
+                if not self.server_state.connections and not self._exit:
+                    await self._woken.wait()
+                counter = 0  # tick 0 renews the Date header at once
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.shim.close_connections()

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import email.utils
 import gc
 import json
 import math
 import sys
+import threading
 import tracemalloc
 import weakref
 from collections.abc import Callable, Iterator
@@ -347,6 +349,28 @@ async def test_the_deadline_timer_finished_streams_left_armed_is_disarmed_at_the
 def test_the_apps_trim_settles_the_router():
     shim = create_app(Settings()).state.shim
     assert shim.trimmer.settle == (metrics.flush_turns, shim.env.backend.settle)
+
+
+def test_an_idle_server_does_not_tick_and_the_next_connection_gets_a_fresh_date_header(make_server):
+    server = make_server()
+    ticks: list[int] = []
+    on_tick = server.server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(counter)
+        return await on_tick(counter)
+
+    server.server.on_tick = counted  # type: ignore[method-assign]
+    threading.Event().wait(3.5)  # uvicorn ticks every 0.1 s
+    assert len(ticks) <= 1
+    with httpx2.Client(base_url=server.base_url.removesuffix("/v1")) as client:
+        date = email.utils.parsedate_to_datetime(client.get("/healthz").headers["date"])
+        # whole seconds, renewed once a second while ticking: under 2 s old unless left from before the pause
+        assert abs((datetime.datetime.now(datetime.UTC) - date).total_seconds()) < 2.5
+        threading.Event().wait(0.5)
+        assert len(ticks) >= 3  # with a connection open it ticks as before
+    server.stop()
+    assert not server._thread.is_alive()
 
 
 def test_counters_bumped_past_the_small_ints_leave_no_object_behind():
