@@ -373,6 +373,22 @@ def test_an_idle_server_does_not_tick_and_the_next_connection_gets_a_fresh_date_
     assert not server._thread.is_alive()
 
 
+async def test_a_trims_cost_is_counted_in_cpu_time_not_wall_time():
+    """On a loaded machine the wall clock runs on while other processes have the CPU: a collection of
+    a few milliseconds of CPU must not hold the next trim (after the next burst) for many seconds."""
+    walls: list[float] = []
+    cpu = iter(n * 0.001 for n in range(1_000))
+
+    def wall() -> float:
+        walls.append(1_000.0 + len(walls))  # a second passes between any two readings
+        return walls[-1]
+
+    trimmer = Trimmer(delay_s=0.0, clock=wall, cpu_clock=lambda: next(cpu))
+    trimmer.maybe_trim()
+    assert await _until(lambda: trimmer.times.allowed > 0)
+    assert trimmer.times.allowed - walls[-1] < 1.0  # a few ms of CPU: allowed again within a second
+
+
 def test_counters_bumped_past_the_small_ints_leave_no_object_behind():
     stats, routed = ShimStats(), RouterStats()
 
