@@ -12,12 +12,14 @@ uses only the SDK's public API.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx2
+import pydantic
 from openai import AsyncOpenAI, OpenAI
 from openai._base_client import make_request_options
 from openai._models import add_request_id
@@ -176,8 +178,24 @@ def parse_response(client: Client, data: dict[str, Any]) -> Response:
     """The `Response` the SDK makes of this JSON when it is an HTTP body with no request id (through the
     client's parser, which `parse_faster` made fast for a wrapped client)."""
     parsed: Response = client._process_response_data(data=data, cast_to=Response, response=None)  # type: ignore[arg-type]
-    add_request_id(parsed, None)
+    if _plain_request_id(type(parsed)):
+        object.__setattr__(parsed, "_request_id", None)  # what `add_request_id` comes to, without pydantic's slow path
+    else:
+        add_request_id(parsed, None)
     return parsed
+
+
+@functools.cache
+def _plain_request_id(cls: type[pydantic.BaseModel]) -> bool:
+    """Whether `add_request_id(model, None)` only sets an instance attribute on a `cls` model: pydantic 2's own
+    `__setattr__` (not overridden) sets an underscored name that is neither a private attribute nor a class
+    variable with `object.__setattr__`, after a lookup that costs as much as a floor turn's parsing."""
+    return (
+        not parsing.PYDANTIC_V1
+        and cls.__setattr__ is pydantic.BaseModel.__setattr__  # type: ignore[comparison-overlap]
+        and "_request_id" not in cls.__private_attributes__
+        and "_request_id" not in cls.__class_vars__
+    )
 
 
 def input_json(items: Any) -> bytes:
