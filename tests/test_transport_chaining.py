@@ -73,6 +73,24 @@ def test_changed_non_input_field_sends_the_full_input() -> None:
     assert len(plan.new_items) == 3
 
 
+def test_a_field_changed_in_place_between_calls_ends_the_chain() -> None:
+    """Review finding: a `tools` list or `metadata` dict mutated in place compared equal to itself, and the
+    chain's fields (encoded on the first call) went out stale. The chain keeps a copy to compare with."""
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    metadata = {"step": "1"}
+    book = ChainBook()
+    history = [user("hi")]
+    plan = book.plan({"model": "m", "tools": tools, "metadata": metadata}, history)
+    book.record(plan, "resp_1", [output_message("hello")], nbytes=100, generation=1)
+    later = [*history, output_message("hello"), user("next")]
+    assert book.plan({"model": "m", "tools": tools, "metadata": metadata}, later).chain is not None
+    metadata["step"] = "2"
+    assert book.plan({"model": "m", "tools": tools, "metadata": metadata}, later).chain is None
+    metadata["step"] = "1"
+    tools[0]["parameters"]["properties"]["x"] = {"type": "string"}
+    assert book.plan({"model": "m", "tools": tools, "metadata": metadata}, later).chain is None
+
+
 def test_edited_history_sends_the_full_input() -> None:
     book, _, output = book_after_one_turn()
     plan = book.plan(dict(PARAMS), [user("hi, edited"), output, user("next")])

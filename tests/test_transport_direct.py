@@ -229,3 +229,27 @@ def test_an_attribute_that_cannot_be_compared_only_makes_the_key_worked_out_agai
         response = client.responses.create(model=MODEL, input="still direct")
         assert response.status == "completed"
     assert len(requests.urls) == 1
+
+
+async def test_tools_and_metadata_changed_in_place_reach_the_server(server: BackgroundServer) -> None:
+    """Review finding: the second call went out chained with the first call's tools and metadata."""
+    client = ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0))
+    metadata = {"step": "1"}
+    tools: list[Any] = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    items: list[Any] = [{"role": "user", "content": "hi"}]
+    try:
+        first = await client.responses.create(model=MODEL, input=items, metadata=metadata, tools=tools)
+        metadata["step"] = "2"
+        tools[0]["name"] = "g"
+        items = [*items, *first.output, {"role": "user", "content": "more"}]
+        second = await client.responses.create(model=MODEL, input=items, metadata=metadata, tools=tools)
+        assert second.metadata == {"step": "2"} and [tool.name for tool in second.tools] == ["g"]
+        third = await client.responses.create(
+            model=MODEL,
+            input=[*items, *second.output, {"role": "user", "content": "again"}],
+            metadata=metadata,
+            tools=tools,
+        )
+        assert third.previous_response_id == second.id, "unchanged since: chained again"
+    finally:
+        await client.close()

@@ -8,7 +8,9 @@ so old items are the very same objects, and the check costs a pointer compare pe
 value only when identity fails (a framework that rebuilds dicts, or dumps SDK models, each turn).
 
 Identity-first means an item mutated in place after it was sent is taken as unchanged; that is
-the price of not re-reading the history every turn.
+the price of not re-reading the history every turn (replace an item to change it: a new object is compared
+by value). The other request fields are compared with a copy taken when the chain was recorded, so a
+`tools` list or `metadata` dict changed in place does end the chain.
 """
 
 from __future__ import annotations
@@ -102,7 +104,10 @@ class ChainBook:
         """Remember the response a completed turn produced; it replaces the chain it extended."""
         if not plan.recordable:
             return None
-        chain = Chain(response_id, plan.params, [*plan.items, *output], nbytes, generation, plan.stored, fields)
+        params = plan.chain.params if plan.chain is not None else snapshot(plan.params)
+        if params is None:
+            return None
+        chain = Chain(response_id, params, [*plan.items, *output], nbytes, generation, plan.stored, fields)
         if plan.chain is not None and plan.chain.fields is fields:
             chain.head = plan.chain.head
         with self._lock:
@@ -130,6 +135,31 @@ class ChainBook:
             if len(chain.prefix) < len(items) and chain.params == params and starts_with(items, chain.prefix):
                 return chain
         return None
+
+
+def snapshot(params: Params) -> Params | None:
+    """`params` with every dict, list and tuple copied (other values shared), or None when too deep to copy.
+
+    A chain compares a later call's params with these: held by reference, a `tools` list or `metadata`
+    dict the caller changed in place between calls compared equal to itself, and the chain's request
+    fields, encoded on the first call, went out again stale. Taken once per chain, not per turn (a chained
+    turn's params equal its chain's, which it keeps).
+    """
+    try:
+        return _copy_containers(params)
+    except RecursionError:
+        return None
+
+
+def _copy_containers(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy_containers(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_containers(item) for item in value]
+    if kind is tuple:
+        return tuple(_copy_containers(item) for item in value)
+    return value
 
 
 def input_items(raw_input: Any) -> list[Any]:
