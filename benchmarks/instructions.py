@@ -8,8 +8,10 @@ one) is served by `responses-ws serve` under `valgrind --tool=callgrind`, instru
 the turns run (after 20 warm-up turns and the trim that follows their connection's close): the
 floor suite's lean client sends chained
 `response.create` frames, and the count over them is divided by the turns. The usage ledger
-gets a file of its own per checkout and is flushed only at exit, so the count does not depend on
-how long the run took. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
+gets a file of its own per checkout, written by record count, never by time (so the count does not
+depend on how long the run took): a batch every `gcd(warm-up turns, counted turns)` records, the
+warm-up's batches written before the count starts and the counted turns' rows inside it (the count
+ends once they are all in the file), so each turn's SQLite row is counted with it. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
 the first checkout's shim sent for such a turn) is counted the same way, and each checkout's
 count is printed as a ratio to it: the deterministic counterpart of the floor suite's CPU ratio.
 `--keep DIR` keeps each callgrind output (`DIR/shim-<i>.callgrind`, `DIR/floor.callgrind`) for `callgrind_annotate`.
@@ -20,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -52,11 +57,14 @@ def count(
     tokens: int,
     env: dict[str, str],
     keep: Path | None = None,
-    before: Callable[[str], None] | None = None,
+    after: Callable[[str], None] | None = None,
+    rows: Callable[[], int] | None = None,
 ) -> float:
     """Instructions per turn of the server `server` starts under callgrind (its output copied to `keep`).
 
-    `before(url)` runs once the server is up, before any turn is counted.
+    `after(url)` runs once the counted turns are done, before the server stops; `rows()`, when given,
+    says how many usage records the server has written: the count starts once the warm-up's are all
+    written and ends once the counted turns' are.
     """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
@@ -74,13 +82,19 @@ def count(
             ready_timeout_s=300,
         )
         with proc:
-            if before is not None:
-                before(url)
             asyncio.run(measure(url, proc.pid, Frames(tokens), connections, WARM_UP_TURNS))
             time.sleep(AFTER_WARM_UP_S)  # the shim's after-burst trim (1 s after the warm-up's closes) runs first
+            if rows is not None:
+                wait_for_rows(rows, connections * WARM_UP_TURNS)
             subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
             asyncio.run(measure(url, proc.pid, Frames(tokens), connections, turns))
+            if rows is not None:
+                waited = wait_for_rows(rows, connections * (WARM_UP_TURNS + turns))
+                if waited > 0.8:
+                    print(f"the usage rows took {waited:.1f} s: the shim's after-close trim may be counted", flush=True)
             subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+            if after is not None:
+                after(url)
             assert proc.proc is not None
             proc.proc.send_signal(signal.SIGINT)  # a clean exit, after which valgrind prints its count
             proc.proc.wait(timeout=600)
@@ -93,15 +107,40 @@ def count(
     return int(found.group(1)) / (connections * turns)
 
 
+def wait_for_rows(rows: Callable[[], int], expected: int, timeout_s: float = 60.0) -> float:
+    """Seconds until `rows()` reaches `expected`."""
+    start = time.monotonic()
+    while rows() < expected:
+        if time.monotonic() - start > timeout_s:
+            raise RuntimeError(f"the shim wrote {rows()} usage rows of {expected} in {timeout_s:.0f} s")
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def usage_rows(path: Path) -> Callable[[], int]:
+    def rows() -> int:
+        if not path.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+            try:
+                return int(db.execute("SELECT count(*) FROM usage").fetchone()[0])
+            except sqlite3.OperationalError:  # the table is not made yet
+                return 0
+
+    return rows
+
+
 def shim(port: int, scratch: Path) -> list[str]:
     return shim_command(port)
 
 
-def shim_env(checkout: Path, scratch: Path) -> dict[str, str]:
+def shim_env(checkout: Path, scratch: Path, batch: int) -> dict[str, str]:
+    """The ledger written every `batch` records and never by time."""
     return {
         "PYTHONPATH": str(checkout),
         "RESPONSES_WS_USAGE_PATH": str(scratch / "usage.db"),
         "RESPONSES_WS_USAGE_FLUSH_INTERVAL_S": "100000",
+        "RESPONSES_WS_USAGE_FLUSH_RECORDS": str(batch),
     }
 
 
@@ -115,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = {"connections": args.connections, "turns": args.turns, "tokens": args.tokens}
     replies: dict[str, list[str]] = {}
+    batch = args.connections * math.gcd(WARM_UP_TURNS, args.turns)
 
     def remember(url: str) -> None:
         if not replies:
@@ -127,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             own = Path(scratch) / str(i)
             own.mkdir()
             keep = None if args.keep is None else args.keep / f"shim-{i}.callgrind"
-            per_turn = count(shim, checkout, env=shim_env(checkout, own), keep=keep, before=remember, **shape)
+            env = shim_env(checkout, own, batch)
+            rows = usage_rows(own / "usage.db")
+            per_turn = count(shim, checkout, env=env, keep=keep, after=remember, rows=rows, **shape)
             counts[checkout] = per_turn
             print(f"{checkout}: {per_turn:,.0f} instructions per turn", flush=True)
         events = Path(scratch) / "floor-events.json"

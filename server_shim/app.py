@@ -273,7 +273,7 @@ def build_ledger(settings: Settings) -> Ledger | None:
         raise ValueError("usage_ledger 'redis' needs a redis:// store (--store)")
     sink = RedisStreamSink(settings.store) if kind == "redis" else SqliteSink(settings.usage_path)
     journal = Path(settings.usage_path + ".journal")
-    return Ledger(sink, journal, flush_interval_s=settings.usage_flush_interval_s)
+    return Ledger(sink, journal, flush_interval_s=settings.usage_flush_interval_s, batch=settings.usage_flush_records)
 
 
 PROBE_DETAILS = "probe_details"

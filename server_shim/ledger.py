@@ -3,8 +3,9 @@
 A record is accepted synchronously (appended to this process's write-ahead journal, a few
 microseconds and no fsync: it survives the process being killed, which is what the journal is
 for) and queued; a background task writes queued records in batches to the ledger (a SQLite
-file, or a Redis stream when the store is Redis). Each record's id is its response id and every
-write is idempotent, so replaying a journal after a crash counts nothing twice.
+file, or a Redis stream when the store is Redis), every `flush_interval_s` or as soon as `batch`
+records wait. Each record's id is its response id and every write is idempotent, so replaying a
+journal after a crash counts nothing twice.
 
 Journal segments: `<dir>/<pid>-<token>-<n>.jsonl`, each locked (`flock`) by the journal writing it; the
 random token keeps two ledgers of one process (several apps, or tests) from writing each other's files.
@@ -208,7 +209,8 @@ class Ledger:
             self._wake.set()
 
     async def _flush_forever(self) -> None:
-        """Flush every interval; while the sink fails (Redis down, disk full), back off up to 5 s and warn once.
+        """Flush every interval; while the sink fails (Redis down, disk full), back off up to 5 s (or the interval,
+        when longer) and warn once.
 
         With nothing queued it waits for the next record without a timer: an idle server does not wake up
         (and allocates nothing) every interval.
@@ -218,8 +220,9 @@ class Ledger:
             if not self._queue:
                 self._work.clear()
                 await self._work.wait()
+            wait = max(self.flush_interval_s, min(5.0, self.flush_interval_s * 2**failures))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), min(5.0, self.flush_interval_s * 2**failures))
+                await asyncio.wait_for(self._wake.wait(), wait)
             self._wake.clear()
             try:
                 await self.flush()

@@ -182,6 +182,9 @@ class Settings(BaseSettings):
         description="the SQLite ledger; its write-ahead journal lives beside it in '<usage_path>.journal/'",
     )
     usage_flush_interval_s: float = Field(default=0.2, gt=0, description="how often accepted records are written")
+    usage_flush_records: int = Field(
+        default=1000, ge=1, description="write accepted records at once when this many wait, without the interval"
+    )
 
     checks_overlap: bool = Field(
         default=True,

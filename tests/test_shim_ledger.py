@@ -23,6 +23,7 @@ from support.wire import MODEL, TurnEvents, completed_ok, run_turn, user
 
 from plugins import create_plugin_manager, hookimpl
 from server_shim import BackgroundServer, Settings, create_app
+from server_shim.app import build_ledger
 from server_shim.ledger import Journal, Ledger, UsageRecord
 from server_shim.ledger_sinks import RedisStreamSink, SqliteSink
 from server_shim.usage_report import parse_since, render, totals
@@ -121,6 +122,26 @@ async def test_two_ledgers_of_one_process_on_one_journal_directory_keep_their_ow
     await second.aclose()
     assert sorted(r.id for r in SqliteSink(tmp_path / "usage.db").read()) == ["resp_first", "resp_second"]
     assert list((tmp_path / "journal").glob("*.jsonl")) == []
+
+
+async def test_the_ledger_writes_as_soon_as_usage_flush_records_wait_without_the_interval(tmp_path):
+    ledger = build_ledger(
+        Settings(usage_path=str(tmp_path / "usage.db"), usage_flush_interval_s=60, usage_flush_records=3)
+    )
+    assert ledger is not None and ledger.batch == 3
+    await ledger.start()
+    sink = SqliteSink(tmp_path / "usage.db")
+    ledger.accept(record("resp_1"))
+    ledger.accept(record("resp_2"))
+    await asyncio.sleep(0.3)
+    assert list(sink.read()) == []  # two wait: the interval (a minute) has not come
+    ledger.accept(record("resp_3"))
+    for _ in range(200):
+        if len(list(sink.read())) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(r.id for r in sink.read()) == ["resp_1", "resp_2", "resp_3"]
+    await ledger.aclose()
 
 
 def test_totals_group_by_tenant_and_model_in_every_format():
