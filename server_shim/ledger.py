@@ -7,6 +7,11 @@ file, or a Redis stream when the store is Redis), every `flush_interval_s` or as
 records wait. Each record's id is its response id and every write is idempotent, so replaying a
 journal after a crash counts nothing twice.
 
+A record is a named tuple and its journal line a JSON array of its values in field order: one
+tuple made per turn and one `orjson` call on it (a frozen dataclass set each of its 14 fields
+through `object.__setattr__`, and orjson walked its fields by name), and SQLite takes the tuple as
+the row. Lines an earlier version wrote as JSON objects are still read.
+
 Journal segments: `<dir>/<pid>-<token>-<n>.jsonl`, each locked (`flock`) by the journal writing it; the
 random token keeps two ledgers of one process (several apps, or tests) from writing each other's files.
 A flush ends the current segment (the next record opens a new one), writes its records, then deletes it. At start-up a
@@ -22,9 +27,8 @@ import logging
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -33,8 +37,7 @@ from .trim import Count, Counts
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+class UsageRecord(NamedTuple):
     """What billing needs about one response; `id` (the response id) makes writes idempotent."""
 
     id: str
@@ -56,9 +59,11 @@ class UsageRecord:
     usage (the simulator always), or output tokens a chat backend left uncounted."""
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> UsageRecord:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_json(cls, data: dict[str, Any] | list[Any]) -> UsageRecord:
+        """A journal line or stream entry: the values in field order (an array), or an object by field name."""
+        if isinstance(data, list):
+            return cls(*data[: len(cls._fields)])
+        return cls(**{k: v for k, v in data.items() if k in cls._fields})
 
 
 class LedgerSink(Protocol):
@@ -103,7 +108,7 @@ class Journal:
     def append(self, record: UsageRecord) -> None:
         if self._fd < 0:
             self._open()
-        os.write(self._fd, orjson.dumps(record) + b"\n")  # orjson writes a dataclass's fields in order
+        os.write(self._fd, orjson.dumps(tuple(record), option=orjson.OPT_APPEND_NEWLINE))  # orjson takes no named tuple
 
     def rotate(self) -> tuple[int, Path | None]:
         """End the current segment (the next `append` opens a new one); the caller deletes the old one

@@ -132,20 +132,22 @@ async def _wait(name: object, waiting: Awaitable[Any], response_id: str | None) 
 
 
 def usage_record(response: dict[str, Any], info: TurnInfo) -> UsageRecord:
+    """The response's record, its values given in field order (keywords cost a dict per call)."""
     usage = response.get("usage") or {}
+    ttft_s = info.ttft_s
     return UsageRecord(
-        id=response["id"],
-        created_at=response.get("created_at") or 0.0,
-        tenant=info.tenant,
-        model=response.get("model") or "",
-        deployment=info.deployment,
-        status=response.get("status") or "",
-        transport=info.transport,
-        connection_id=info.connection_id,
-        input_tokens=usage.get("input_tokens") or 0,
-        cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
-        output_tokens=usage.get("output_tokens") or 0,
-        ttft_ms=None if info.ttft_s is None else round(info.ttft_s * 1000, 3),
-        duration_ms=round(info.duration_s * 1000, 3),
-        estimated=info.tokens_estimated,
+        response["id"],
+        response.get("created_at") or 0.0,
+        info.tenant,
+        response.get("model") or "",
+        info.deployment,
+        response.get("status") or "",
+        info.transport,
+        info.connection_id,
+        usage.get("input_tokens") or 0,
+        (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        usage.get("output_tokens") or 0,
+        None if ttft_s is None else round(ttft_s * 1000, 3),
+        round(info.duration_s * 1000, 3),
+        info.tokens_estimated,
     )

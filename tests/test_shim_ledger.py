@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import time
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,8 @@ async def test_the_ledger_replays_what_a_dead_process_left_in_its_journal(tmp_pa
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
     orphan = journal_dir / "99999-dead-1.jsonl"  # no process holds its lock: its writer is gone
-    lines = [json.dumps(asdict(record(f"resp_{i}"))) for i in range(3)]
+    # two lines as an earlier version wrote them (objects), one as this one does (the values, in field order)
+    lines = [json.dumps(record(f"resp_{i}")._asdict()) for i in range(2)] + [json.dumps(record("resp_2"))]
     orphan.write_text("\n".join(lines) + '\n{"id": "resp_torn", "crea')
     sink = SqliteSink(tmp_path / "usage.db")
     ledger = Ledger(sink, journal_dir, flush_interval_s=60)
@@ -162,12 +162,12 @@ def test_totals_count_the_responses_whose_tokens_are_estimates():
 
 
 def test_a_ledger_file_from_before_the_estimated_column_gains_it(tmp_path):
-    old_columns = [name for name in asdict(record("x")) if name != "estimated"]
+    old_columns = [name for name in record("x")._asdict() if name != "estimated"]
     with sqlite3.connect(tmp_path / "usage.db") as db:
         db.execute(f"CREATE TABLE usage ({', '.join(old_columns)})")
         db.execute(
             f"INSERT INTO usage VALUES ({', '.join('?' for _ in old_columns)})",
-            [asdict(record("resp_old"))[name] for name in old_columns],
+            [record("resp_old")._asdict()[name] for name in old_columns],
         )
     sink = SqliteSink(tmp_path / "usage.db")
     sink.write([record("resp_new", estimated=True)])
