@@ -14,11 +14,14 @@ from __future__ import annotations
 import atexit
 import bisect
 import contextlib
+import functools
+import operator
 import os
 import shutil
 import tempfile
 import threading
 from array import array
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -266,79 +269,95 @@ def observe_turn(
 ) -> None:
     """One finished turn: counted once, its stages observed once, whatever path it took.
 
-    Held, not applied: `flush_turns` applies what up to `FLUSH_TURNS` turns observed in one pass (a
+    Held, not applied: each value appended to its label's list and each count added to its key's,
+    no child looked up; `flush_turns` applies what up to `FLUSH_TURNS` turns observed in one pass (a
     histogram's buckets and sum once per batch, not twice per value under a lock), and `render`
     flushes first, so a scrape sees every finished turn. Workers sharing a multiprocess directory
     apply each turn at once, as another worker may be the one scraped.
     """
     global _held_turns
-    _hold_increment(TURNS.labels(transport, deployment, status), 1)
+    key = (transport, deployment, status)
+    _turn_counts[key] = _turn_counts.get(key, 0) + 1
+    held = _stage_values
     for stage, seconds in stages.items():
-        _hold(STAGE_SECONDS.labels(stage), seconds)
-    _hold(SHIM_OVERHEAD_SECONDS, sum(stages.get(stage, 0.0) for stage in SHIM_STAGES))
+        held[stage].append(seconds)
+    _shim_values.append(sum(map(stages.get, SHIM_STAGES, _NO_SECONDS)))
     if ttft_s is not None:
-        _hold(TTFT_SECONDS.labels(deployment), ttft_s)
-    _hold(TURN_SECONDS.labels(deployment), duration_s)
+        _ttft_values[deployment].append(ttft_s)
+    _turn_values[deployment].append(duration_s)
     for kind, count in usage.items():
         if count:
-            _hold_increment(TOKENS.labels(deployment, kind), count)
-    for kind, seconds in (plugin_s or {}).items():
-        _hold(PLUGIN_SECONDS.labels(kind), seconds)
+            tokens = (deployment, kind)
+            _token_counts[tokens] = _token_counts.get(tokens, 0) + count
+    if plugin_s:
+        for kind, seconds in plugin_s.items():
+            _plugin_values[kind].append(seconds)
     _held_turns += 1
-    if _held_turns >= FLUSH_TURNS or os.environ.get(MULTIPROC_ENV):
+    if _held_turns >= FLUSH_TURNS or SHARED_VALUES:
         flush_turns()
 
 
-FLUSH_TURNS = 256
-"""Turns held before their observations are applied (bounds what is held; a scrape applies them sooner)."""
+FLUSH_TURNS = 100
+"""Turns held before their observations are applied (bounds what is held; a scrape applies them sooner). A divisor
+of the 300 turns `benchmarks.instructions` counts, so the flushes of the turns it counts are in its count."""
+SHARED_VALUES = client_values.ValueClass is not client_values.MutexValue
+"""Values live in a multiprocess directory's files (prometheus-client decides when it is first imported)."""
+_NO_SECONDS = (0.0,) * len(SHIM_STAGES)
 _held_turns = 0
-_held_values: dict[Any, list[float]] = {}
-_held_increments: dict[Any, float] = {}
-
-
-def _hold(histogram: Any, value: float) -> None:
-    held = _held_values.get(histogram)
-    if held is None:
-        _held_values[histogram] = [value]
-    else:
-        held.append(value)
-
-
-def _hold_increment(counter: Any, amount: float) -> None:
-    _held_increments[counter] = _held_increments.get(counter, 0) + amount
+_turn_counts: dict[tuple[str, str, str], int] = {}
+_token_counts: dict[tuple[str, str], int] = {}
+_stage_values: defaultdict[str, list[float]] = defaultdict(list)
+_ttft_values: defaultdict[str, list[float]] = defaultdict(list)
+_turn_values: defaultdict[str, list[float]] = defaultdict(list)
+_plugin_values: defaultdict[str, list[float]] = defaultdict(list)
+_shim_values: list[float] = []
+"""Held values by label (a stage, a deployment, a plugin kind): each list made once, emptied at each flush."""
 
 
 def flush_turns() -> None:
     """Apply the held observations: each counter once, each histogram's sum and buckets once."""
     global _held_turns
-    values, increments = dict(_held_values), dict(_held_increments)
-    _held_values.clear()
-    _held_increments.clear()
     _held_turns = 0
-    for counter, amount in increments.items():
-        counter.inc(amount)
-    for histogram, observed in values.items():
-        _observe_all(histogram, observed)
+    for (transport, deployment, status), count in _turn_counts.items():
+        TURNS.labels(transport, deployment, status).inc(count)
+    _turn_counts.clear()
+    for (deployment, kind), count in _token_counts.items():
+        TOKENS.labels(deployment, kind).inc(count)
+    _token_counts.clear()
+    for labelled, held in (
+        (STAGE_SECONDS, _stage_values),
+        (TTFT_SECONDS, _ttft_values),
+        (TURN_SECONDS, _turn_values),
+        (PLUGIN_SECONDS, _plugin_values),
+    ):
+        for label, values in held.items():
+            if values:
+                _observe_all(labelled.labels(label), values)
+                values.clear()
+    if _shim_values:
+        _observe_all(SHIM_OVERHEAD_SECONDS, _shim_values)
+        _shim_values.clear()
 
 
 def _observe_all(histogram: Any, values: list[float]) -> None:
-    """`observe` each value, done as prometheus-client does it (a value goes in the first bucket whose
-    upper bound is >= it; the sum takes them all) but once per bucket; one by one if its internals differ."""
+    """`observe` each value, done as prometheus-client does it (a value goes in the first bucket whose upper
+    bound is >= it; the sum takes them all) but once per bucket; one by one if its internals differ.
+
+    Sorts `values` in place: the count for each bucket is where its bound falls among them (C, not a loop per value).
+    """
     bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
     if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
         for value in values:
             histogram.observe(value)
         return
-    counts = [0] * len(bounds)
-    for value in values:
-        counts[bisect.bisect_left(bounds, value)] += 1
-    running = total.get()
-    for value in values:  # added in the same order as one `observe` after another: the same float sum
-        running += value
-    total.set(running)
-    for bucket, count in zip(buckets, counts, strict=True):
-        if count:
-            bucket.inc(count)
+    total.set(functools.reduce(operator.add, values, total.get()))  # in order, one by one: the same float sum
+    values.sort()
+    below = 0
+    for bound, bucket in zip(bounds, buckets, strict=True):
+        upto = bisect.bisect_right(values, bound)
+        if upto > below:
+            bucket.inc(upto - below)
+            below = upto
 
 
 @contextlib.contextmanager
