@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -15,11 +14,12 @@ from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from . import chat_http, extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter, tenant_connection_cap
+from .auth import BearerAuth, deny
 from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
 from .browsers import BrowserGuard
 from .budgets import CacheBudget, default_cache_budget
@@ -28,7 +28,6 @@ from .checks import Check
 from .compaction import compaction_key
 from .config import ShimConfig
 from .deployments import build_router
-from .errors import APIError
 from .ledger import Ledger
 from .limits import RequestLimits
 from .observe import ANONYMOUS, turn_finished
@@ -36,7 +35,7 @@ from .postinference import PostInference
 from .safety import Classifier, Validator
 from .settings import Settings
 from .state import ConnectionCache, MemoryResponseStore, ResponseStore
-from .tenants import ApiKey, load_keys, scope_tenant
+from .tenants import load_keys, scope_tenant
 from .tokens import counters_by_model
 from .trim import Count, Counts, Trimmer, settle_hooks
 from .turn import Turn
@@ -274,97 +273,6 @@ def build_ledger(settings: Settings) -> Ledger | None:
     sink = RedisStreamSink(settings.store) if kind == "redis" else SqliteSink(settings.usage_path)
     journal = Path(settings.usage_path + ".journal")
     return Ledger(sink, journal, flush_interval_s=settings.usage_flush_interval_s, batch=settings.usage_flush_records)
-
-
-PROBE_DETAILS = "probe_details"
-"""Scope state: whether `/healthz` and `/readyz` may show deployment names and counts to this caller."""
-
-
-class BearerAuth:
-    """Require `Authorization: Bearer <key>` on every route but the probes; 401 at the upgrade.
-
-    The key's tenant goes into the scope's state (`tenants.scope_tenant`) for the routes. `/metrics`
-    names deployments and counts, so it takes any API key or the `metrics_key` (the one a scraper
-    holds, which opens nothing else), unless `metrics_open`. Without API keys only `/metrics` is guarded
-    (when a `metrics_key` is set).
-    """
-
-    PROBE_PATHS = frozenset({"/healthz", "/readyz"})
-    METRICS_PATH = "/metrics"
-
-    def __init__(
-        self, app: ASGIApp, keys: Sequence[ApiKey], metrics_key: str | None = None, metrics_open: bool = False
-    ) -> None:
-        self.app = app
-        self.keys = [(key.key.encode(), key.tenant) for key in keys]
-        self.metrics_key = metrics_key.encode() if metrics_key else None
-        self.metrics_open = metrics_open
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        if path in self.PROBE_PATHS:  # open, but their details only for a valid key
-            scope.setdefault("state", {})[PROBE_DETAILS] = self._tenant(scope) is not None
-            await self.app(scope, receive, send)
-            return
-        if path == self.METRICS_PATH:
-            if self.metrics_open or self._metrics_allowed(scope):
-                await self.app(scope, receive, send)
-                return
-        elif not self.keys:
-            await self.app(scope, receive, send)
-            return
-        else:
-            tenant = self._tenant(scope)
-            if tenant is not None:
-                scope.setdefault("state", {})["tenant"] = tenant
-                await self.app(scope, receive, send)
-                return
-        error = APIError(
-            401,
-            "invalid_api_key",
-            "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
-            type="authentication_error",
-        )
-        await deny(scope, receive, send, error)
-
-    def _metrics_allowed(self, scope: Scope) -> bool:
-        if self._tenant(scope) is not None:
-            return True
-        presented = _bearer(scope)
-        return (
-            self.metrics_key is not None and presented is not None and hmac.compare_digest(presented, self.metrics_key)
-        )
-
-    def _tenant(self, scope: Scope) -> str | None:
-        """The tenant of the presented key; every key is compared (in constant time) so timing tells nothing."""
-        presented = _bearer(scope)
-        if presented is None:
-            return None
-        found = None
-        for key, tenant in self.keys:
-            if hmac.compare_digest(presented, key):
-                found = tenant
-        return found
-
-
-def _bearer(scope: Scope) -> bytes | None:
-    """The key of the request's `Authorization: Bearer <key>` header, if it has one."""
-    for name, value in scope["headers"]:
-        if name == b"authorization" and value[:7].lower() == b"bearer ":
-            return bytes(value[7:].strip())
-    return None
-
-
-async def deny(scope: Scope, receive: Receive, send: Send, error: APIError) -> None:
-    """Answer an HTTP request, or refuse a WebSocket upgrade, with `error`'s status and JSON body."""
-    denial = http.error_response(error)
-    if scope["type"] == "http":
-        await denial(scope, receive, send)
-    else:
-        await WebSocket(scope, receive, send).send_denial_response(denial)
 
 
 class ShimApp(Starlette):
