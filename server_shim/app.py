@@ -136,7 +136,7 @@ def create_app(
         store=store or build_store(settings),
         validators=[*validators, *extensions.validators(manager, settings)],
         classifiers=[*classifiers, *extensions.classifiers(manager, settings)],
-        post_inference=PostInference([extensions.response_sink(manager)], build_ledger(settings)),
+        post_inference=PostInference([extensions.ResponseSink(manager)], build_ledger(settings)),
         limits=RequestLimits.from_settings(settings),
         checks=lambda model: [*checks, *configured(model)],
         overlap_checks=settings.checks_overlap,

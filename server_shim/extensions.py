@@ -88,28 +88,43 @@ def _flatten(groups: list[list[Any]]) -> list[Any]:
     return [item for group in groups for item in group or ()]
 
 
-def response_sink(manager: pluggy.PluginManager) -> Callable[[dict[str, Any], TurnInfo], Awaitable[None] | None]:
+class ResponseSink:
     """Every plugin's `responses_ws_response_finished`, each on its own: one failing sink stops no other.
 
     Synchronous implementations run at once; from the first that returns an awaitable on, the rest
     run in the awaitable returned, in order (`call_each`), so a turn whose sinks are all
-    synchronous (the built-in ones) needs no task.
+    synchronous (the built-in ones) needs no task. An implementation with a `listening` attribute (a
+    function of no arguments) is called only while it returns true: the built-in usage log listens only
+    while DEBUG is on, so a turn nothing listens to schedules nothing (`listening()`).
     """
-    hook = manager.hook.responses_ws_response_finished
-    known: list[Any] = []
-    """The hook's implementations when `named` was made (remade when a plugin comes or goes)."""
-    named: list[tuple[str, Callable[..., Any], tuple[str, ...]]] = []
 
-    def sink(response: dict[str, Any], info: TurnInfo) -> Awaitable[None] | None:
-        impls = hook.get_hookimpls()
-        if impls != known:
-            known[:] = impls
-            named[:] = [(f"of plugin {i.plugin_name}", i.function, tuple(i.argnames)) for i in reversed(impls)]
+    def __init__(self, manager: pluggy.PluginManager) -> None:
+        self.hook = manager.hook.responses_ws_response_finished
+        self.known: list[Any] = []
+        """The hook's implementations when `named` was made (remade when a plugin comes or goes)."""
+        self.named: list[tuple[str, Callable[..., Any], tuple[str, ...], Callable[[], bool] | None]] = []
+
+    def _current(self) -> list[tuple[str, Callable[..., Any], tuple[str, ...], Callable[[], bool] | None]]:
+        impls = self.hook.get_hookimpls()
+        if impls != self.known:
+            self.known[:] = impls
+            self.named[:] = [
+                (f"of plugin {i.plugin_name}", i.function, tuple(i.argnames), getattr(i.function, "listening", None))
+                for i in reversed(impls)
+            ]
+        return self.named
+
+    def listening(self) -> bool:
+        return any(listens is None or listens() for _, _, _, listens in self._current())
+
+    def __call__(self, response: dict[str, Any], info: TurnInfo) -> Awaitable[None] | None:
         args = {"response": response, "transport": info.transport, "info": info}
-        calls = [(name, functools.partial(function, *(args[n] for n in names))) for name, function, names in named]
+        calls = [
+            (name, functools.partial(function, *(args[n] for n in names)))
+            for name, function, names, listens in self._current()
+            if listens is None or listens()
+        ]
         return call_each(calls, response["id"])
-
-    return sink
 
 
 def describe(manager: pluggy.PluginManager) -> list[dict[str, Any]]:

@@ -111,4 +111,7 @@ def responses_ws_response_finished(response: dict[str, Any], transport: str, inf
     client's next request instead of delaying it; the server drains pending calls at shutdown.
     The built-in usage ledger needs no hook: it records every response durably on its own. May be sync or `async def`. Each plugin's implementation runs on its own:
     an exception is logged with the plugin's name and stops no other sink; nothing reaches the client.
+    An implementation may carry a `listening` attribute, a function of no arguments: while it returns
+    false the implementation is not called (the built-in usage log sets it to "DEBUG is on"), and a
+    turn no implementation listens to schedules no work at all.
     """

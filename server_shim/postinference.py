@@ -58,8 +58,12 @@ class PostInference:
         is made only for a sink that returns an awaitable (most turns have none to wait for)."""
         if self.ledger is not None:
             self.ledger.accept(usage_record(response, info))
-        if not self.sinks:
-            return
+        for sink in self.sinks:
+            listening = getattr(sink, "listening", None)
+            if listening is None or listening():
+                break
+        else:
+            return  # no sink listens: nothing scheduled
         self._scheduled += 1
         asyncio.get_running_loop().call_soon(self._start, response, info)
 

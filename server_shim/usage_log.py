@@ -1,4 +1,5 @@
-"""Usage sink: logs each finished response's token usage at DEBUG on `responses_ws.usage`."""
+"""Usage sink: logs each finished response's token usage at DEBUG on `responses_ws.usage` (called only while
+DEBUG is on for that logger: see `listening`)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ def responses_ws_response_finished(response: dict[str, Any], transport: str) -> 
         (usage.get("input_tokens_details") or {}).get("cached_tokens"),
         usage.get("output_tokens"),
     )
+
+
+def _debug_on() -> bool:
+    return log.isEnabledFor(logging.DEBUG)
+
+
+responses_ws_response_finished.listening = _debug_on  # type: ignore[attr-defined]

@@ -157,3 +157,47 @@ async def test_sinks_run_after_the_current_iteration_in_order_and_a_task_only_fo
     assert calls[2:] == ["one"] and mixed.pending == 1, "from the awaitable sink on, the rest run in one task"
     await mixed.aclose()
     assert calls[2:] == ["one", "slow", "one"] and mixed.pending == 0
+
+
+async def test_a_turn_nothing_listens_to_schedules_nothing_and_listeners_are_asked_each_turn(caplog):
+    """Issue 14: no post-inference work when nothing listens. The built-in usage log listens only while DEBUG
+    is on for its logger; an implementation without `listening` always listens."""
+    from server_shim.extensions import ResponseSink
+    from server_shim.extensions import create_plugin_manager as server_manager
+
+    info = TurnInfo("websocket", None, None, None, None, 0.0)
+    response = {"id": "resp_1", "status": "completed", "model": "m", "usage": None}
+    builtin_only = PostInference([ResponseSink(server_manager(load_entry_points=False))])
+    caplog.set_level(logging.INFO, logger="responses_ws.usage")
+    builtin_only.submit(response, info)
+    assert builtin_only.pending == 0, "DEBUG off: nothing scheduled"
+    caplog.set_level(logging.DEBUG, logger="responses_ws.usage")
+    builtin_only.submit(response, info)
+    assert builtin_only.pending == 1
+    await asyncio.sleep(0)
+    assert "resp_1 completed model=m" in caplog.text
+
+    heard: list[str] = []
+
+    class Quiet:
+        @hookimpl
+        def responses_ws_response_finished(self, response: dict[str, Any]) -> None:
+            heard.append("quiet")
+
+    Quiet.responses_ws_response_finished.listening = lambda: False  # type: ignore[attr-defined]
+
+    class Loud:
+        @hookimpl
+        def responses_ws_response_finished(self, response: dict[str, Any]) -> None:
+            heard.append("loud")
+
+    manager = server_manager(load_entry_points=False)
+    manager.register(Quiet())
+    caplog.set_level(logging.INFO, logger="responses_ws.usage")
+    post = PostInference([ResponseSink(manager)])
+    post.submit(response, info)
+    assert post.pending == 0 and heard == []
+    manager.register(Loud())
+    post.submit(response, info)
+    await asyncio.sleep(0)
+    assert heard == ["loud"], "a plugin without `listening` is always called; one not listening never"
