@@ -1,41 +1,34 @@
 """One turn as a pipeline: resolve -> validate new items -> extend the history -> backend -> events -> finalize.
 
-Only this module knows the order of the stages. Each stage sees what it needs: validators
-and classifiers get the new items and read-only previous state, the backend gets the history
-as Responses items (with its renderings cached) and converts it itself. Nothing here touches
-a socket, so the WebSocket and HTTP paths share it.
+Only this module (and `turn_prepare`, for the stages before inference) knows the order of the
+stages. Each stage sees what it needs: validators and classifiers get the new items and read-only
+previous state, the backend gets the history as Responses items (with its renderings cached) and
+converts it itself. Nothing here touches a socket, so the WebSocket and HTTP paths share it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Set
+from collections.abc import AsyncGenerator
 from typing import cast
 
 from . import metrics
 from .backends.base import Carry, Routed, TextDelta, ToolCallDelta, Usage
-from .backends.chat_convert import render_items
-from .callids import with_calls
-from .checks import CheckRefused, PendingChecks, gated, prepare_checks
-from .compaction import expand_compactions
-from .errors import APIError, BackendError, model_not_found
+from .checks import CheckRefused, PendingChecks, gated
+from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
-from .events import Event, EventSequence, OutputAssembler, Sent, echoed_fields, new_id, not_stored, response_object
+from .events import Event, EventSequence, OutputAssembler, Sent, new_id, not_stored, response_object
 from .history import History
-from .items import normalize_input, resolve_references, validate_items
-from .limits import check_conversation_bytes, check_reference_bytes, is_large
 from .postinference import TurnInfo
 from .requests import CreateRequest
-from .safety import run_classifiers, run_validators
 from .state import ConnectionCache
 from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
-from .tools import plan_tools, restore_calls
-from .truncation import fit_history
-from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, request_held, resolve_previous, served_models
+from .tools import restore_calls
+from .turn_plan import TurnEnv, TurnPlan, TurnResult
+from .turn_prepare import plan_turn
 
 log = logging.getLogger(__name__)
 
@@ -82,86 +75,9 @@ class Turn:
         the response it cuts short is then `completed` there, not `cancelled` as for a client gone."""
 
     async def prepare(self) -> None:
-        """Everything before inference; raises `APIError` and leaves all state untouched."""
-        if self._plan is not None:
-            return
-        if not self.env.serves_model(self.request.model):
-            raise model_not_found(self.request.model, await served_models(self.env.backend))
-        stages = self.result.stages
-        previous = await resolve_previous(self.request.previous_response_id, self.cache, self.env, self.tenant)
-        stages.mark("resolve")
-        new_items = expand_compactions(
-            normalize_input(self.request.input), self.env.compaction_key, self.tenant, self.env.limits
-        )
-        known_calls: Set[str] = previous.call_ids if previous else frozenset()
-        introduced = validate_items(new_items, known_calls)
-        large = is_large(len(new_items))
-        if large:
-            await asyncio.sleep(0)  # a large request gives way between its passes over the items
-        started = stages.clock()
-        await run_validators(self.env.validators, new_items, previous, self.request)
-        validated = stages.clock()
-        labels = await run_classifiers(self.env.classifiers, new_items)
-        self.result.plugin_s = {"validator": validated - started, "classifier": stages.clock() - validated}
-        stages.mark("validate")
-        expanded = resolve_references(new_items, previous.output_items if previous else [])
-        if expanded is not new_items:
-            check_reference_bytes(new_items, expanded, self.env.limits)
-            new_items = expanded
-        prior_checks = previous.checks if previous else {}
-        prior_output = previous.output_items if previous else []
-        checked = stages.clock()
-        outcome, later = await prepare_checks(
-            self.env.checks(self.request.model),
-            prior_checks,
-            prior_output,
-            new_items,
-            overlap=self.env.overlap_checks,
-        )
-        new_items = outcome.items
-        self.result.plugin_s["check"] = stages.clock() - checked
-        sticky = previous.deployment if previous else None
-        tools = plan_tools(
-            self.request,
-            previous,
-            lambda: self.env.hosted_policy(self.request.model, sticky),
-            labels,
-            self.cache.notices if self.cache is not None else set(),
-        )
-        base = previous.history if previous else History()
-        self.result.new_items = len(new_items)
-        new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
-        batch = tuple(new_items)
-        history = base.extend(batch, await batch_held(batch, large))
-        check_conversation_bytes(history.items_held, self.env.limits)  # the items, whichever backend renders them
-        if large:
-            await asyncio.sleep(0)
-        sent = fit_history(history, self.env.context_window(self.request.model, sticky), self.request, tools.backend)
-        self._plan = TurnPlan(
-            new_items=new_items,
-            tools=tools.chat,
-            chat_tools=tools.sent,
-            history=history,
-            sent_history=sent,
-            call_ids=with_calls(known_calls, introduced),
-            previous_items=len(base) if sent is history else 0,
-            deployment=previous.deployment if previous else None,
-            carry=previous.carry if previous and sent is history else {},
-            labels=labels | outcome.labels,
-            base_held=base.held,
-            echoed=(echoed := echoed_fields(self.request)),
-            held=await request_held(self.request, previous, echoed),
-            checks=outcome,
-            prior_checks=prior_checks,
-            prior_output=prior_output,
-            later_checks=later,
-            new_messages=new_messages,
-            previous=previous,
-            backend_tools=tools.backend,
-        )
-        if previous is not None and self.cache is not None and previous.id not in self.cache:
-            self.cache.put(previous)  # loaded from the store: cached only once the request is accepted
-        stages.mark("render")
+        """Everything before inference (`turn_prepare`); raises `APIError` and leaves all state untouched."""
+        if self._plan is None:
+            self._plan = await plan_turn(self.request, self.env, self.cache, self.tenant, self.result)
 
     @property
     def history(self) -> History:

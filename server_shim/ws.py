@@ -21,14 +21,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import json_slices, metrics, tracing
 from .admission import QueueBound
 from .backends.base import ConnectionScoped
-from .errors import APIError, internal_error, previous_response_in_progress
+from .errors import APIError
 from .events import new_id
-from .items import normalize_input
 from .limits import is_large
 from .requests import CreateRequest, check_stream_id, parse_create
-from .steer import Steer, Steering, SteerSlot, steered_input
+from .steer import Steering
 from .tenants import scope_tenant
-from .turn import Turn
 from .ws_frames import (
     age_limit_error,
     encode_event,
@@ -39,6 +37,7 @@ from .ws_frames import (
     too_large_error,
     with_lane,
 )
+from .ws_turns import run_turn
 
 if TYPE_CHECKING:
     from .app import ShimState
@@ -210,7 +209,7 @@ class ResponsesConnection:
                     if isinstance(request, APIError):
                         await self.send(with_lane(request.event(), stream_id))
                     else:
-                        await self._run_turn(request, stream_id)
+                        await run_turn(self, request, stream_id)
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
@@ -247,67 +246,6 @@ class ResponsesConnection:
             self._arm_idle_timer()
         else:
             self._start_close(CLOSE_GOING_AWAY, idle_error(self.settings.idle_timeout_s))
-
-    async def _run_turn(
-        self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
-    ) -> None:
-        """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
-        parent = request.previous_response_id
-        if parent is not None and parent in self.steering.active and parent not in self.cache:
-            await self.send(with_lane(previous_response_in_progress(parent).event(), stream_id))
-            return
-        refusal = self.shim.limiter.acquire(self.tenant, self.shim.clock())
-        if refusal is not None:
-            await self.send(with_lane(refusal.api_error().event(), stream_id))
-            return
-        try:
-            turn, slot = await self._stream_turn(request, stream_id, successor_of)
-        finally:
-            self.shim.limiter.release(self.tenant)
-        if slot is not None:
-            await self._after_steerable(turn, slot, stream_id)
-
-    async def _stream_turn(
-        self, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None
-    ) -> tuple[Turn, SteerSlot | None]:
-        steers = successor_of
-        if steers is None:
-            steers = self.steering.take_pending(request.previous_response_id)
-            if steers:
-                request = request.model_copy(update={"input": steered_input(steers) + normalize_input(request.input)})
-        turn = Turn(request, self.shim.env, self.cache, stream_id=stream_id, connection_id=self.id, tenant=self.tenant)
-        slot: SteerSlot | None = None
-        turn.result.trace_carrier = self.trace_carrier
-        try:
-            async with contextlib.aclosing(turn.frames()) as events:
-                async for batch in events:
-                    if slot is None and turn.response_id is not None:
-                        slot = turn.steering = self.steering.begin(turn.response_id, stream_id)
-                    if not self.sent_at_once(batch):
-                        for event in batch:
-                            await self.send(event)
-        except APIError as error:
-            if not steers:
-                await self.send(with_lane(error.event(), stream_id))
-            for steer in steers:  # the input could not be committed: returned, with why
-                await self.send(self.steering.failed(steer, "successor_creation_failed", error.message, stream_id))
-        except WebSocketDisconnect:
-            raise
-        except Exception:
-            log.exception("turn failed unexpectedly")
-            await self.send(with_lane(internal_error().event(), stream_id))
-        finally:
-            self.shim.record_turn(turn)
-        return turn, slot
-
-    async def _after_steerable(self, turn: Turn, slot: SteerSlot, stream_id: str | None) -> None:
-        """Steering queued while the response ran: pending events, or the automatic successor."""
-        events, successor = self.steering.end(slot, turn.result.response)
-        for event in events:
-            await self.send(event)
-        if successor:
-            update = {"input": steered_input(successor), "previous_response_id": turn.response_id, "generate": None}
-            await self._run_turn(turn.request.model_copy(update=update), stream_id, successor)
 
     def sent_at_once(self, events: list[dict[str, Any] | bytes]) -> bool:
         """Send `events` now if the socket is writable and no send waits before them (nothing to await);

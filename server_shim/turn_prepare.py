@@ -1,0 +1,110 @@
+"""A turn's first half: everything before inference, from the request to the `TurnPlan` the pipeline runs.
+
+resolve the previous response -> validate and classify the new items -> run the checks due before
+inference -> plan the tools -> extend the history and fit it to the context window. Raises `APIError`
+and leaves all state untouched (a refused request changes nothing: the cache gets a state loaded from
+the store only once the request is accepted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Set
+
+from .backends.chat_convert import render_items
+from .callids import with_calls
+from .checks import prepare_checks
+from .compaction import expand_compactions
+from .errors import model_not_found
+from .events import echoed_fields
+from .history import History
+from .items import normalize_input, resolve_references, validate_items
+from .limits import check_conversation_bytes, check_reference_bytes, is_large
+from .requests import CreateRequest
+from .safety import run_classifiers, run_validators
+from .state import ConnectionCache
+from .tools import plan_tools
+from .truncation import fit_history
+from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, request_held, resolve_previous, served_models
+
+
+async def plan_turn(
+    request: CreateRequest, env: TurnEnv, cache: ConnectionCache | None, tenant: str | None, result: TurnResult
+) -> TurnPlan:
+    """The prepared turn; its stages timed in `result.stages`, the plugins' seconds in `result.plugin_s`."""
+    if not env.serves_model(request.model):
+        raise model_not_found(request.model, await served_models(env.backend))
+    stages = result.stages
+    previous = await resolve_previous(request.previous_response_id, cache, env, tenant)
+    stages.mark("resolve")
+    new_items = expand_compactions(normalize_input(request.input), env.compaction_key, tenant, env.limits)
+    known_calls: Set[str] = previous.call_ids if previous else frozenset()
+    introduced = validate_items(new_items, known_calls)
+    large = is_large(len(new_items))
+    if large:
+        await asyncio.sleep(0)  # a large request gives way between its passes over the items
+    started = stages.clock()
+    await run_validators(env.validators, new_items, previous, request)
+    validated = stages.clock()
+    labels = await run_classifiers(env.classifiers, new_items)
+    result.plugin_s = {"validator": validated - started, "classifier": stages.clock() - validated}
+    stages.mark("validate")
+    expanded = resolve_references(new_items, previous.output_items if previous else [])
+    if expanded is not new_items:
+        check_reference_bytes(new_items, expanded, env.limits)
+        new_items = expanded
+    prior_checks = previous.checks if previous else {}
+    prior_output = previous.output_items if previous else []
+    checked = stages.clock()
+    outcome, later = await prepare_checks(
+        env.checks(request.model),
+        prior_checks,
+        prior_output,
+        new_items,
+        overlap=env.overlap_checks,
+    )
+    new_items = outcome.items
+    result.plugin_s["check"] = stages.clock() - checked
+    sticky = previous.deployment if previous else None
+    tools = plan_tools(
+        request,
+        previous,
+        lambda: env.hosted_policy(request.model, sticky),
+        labels,
+        cache.notices if cache is not None else set(),
+    )
+    base = previous.history if previous else History()
+    result.new_items = len(new_items)
+    new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
+    batch = tuple(new_items)
+    history = base.extend(batch, await batch_held(batch, large))
+    check_conversation_bytes(history.items_held, env.limits)  # the items, whichever backend renders them
+    if large:
+        await asyncio.sleep(0)
+    sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
+    plan = TurnPlan(
+        new_items=new_items,
+        tools=tools.chat,
+        chat_tools=tools.sent,
+        history=history,
+        sent_history=sent,
+        call_ids=with_calls(known_calls, introduced),
+        previous_items=len(base) if sent is history else 0,
+        deployment=previous.deployment if previous else None,
+        carry=previous.carry if previous and sent is history else {},
+        labels=labels | outcome.labels,
+        base_held=base.held,
+        echoed=(echoed := echoed_fields(request)),
+        held=await request_held(request, previous, echoed),
+        checks=outcome,
+        prior_checks=prior_checks,
+        prior_output=prior_output,
+        later_checks=later,
+        new_messages=new_messages,
+        previous=previous,
+        backend_tools=tools.backend,
+    )
+    if previous is not None and cache is not None and previous.id not in cache:
+        cache.put(previous)  # loaded from the store: cached only once the request is accepted
+    stages.mark("render")
+    return plan
