@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allocators",
         type=lambda text: text.split(","),
-        help="load: run each level once per CPython allocator, e.g. pymalloc,malloc (default pymalloc)",
+        help="load: run each level once per CPython allocator: default (no PYTHONMALLOC: what serve picks), pymalloc, "
+        "malloc; e.g. pymalloc,default (default: default)",
     )
     parser.add_argument(
         "--llama-threads",

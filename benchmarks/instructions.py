@@ -135,8 +135,11 @@ def shim(port: int, scratch: Path) -> list[str]:
 
 
 def shim_env(checkout: Path, scratch: Path, batch: int) -> dict[str, str]:
-    """The ledger written every `batch` records and never by time."""
+    """The ledger written every `batch` records and never by time; Python's own allocator unless `PYTHONMALLOC`
+    says otherwise: a bare `serve` would run itself again on the C allocator (`exec`), which valgrind does not
+    follow, and the counts stay comparable with checkouts from before it did (`PYTHONMALLOC=malloc` counts that)."""
     return {
+        "PYTHONMALLOC": os.environ.get("PYTHONMALLOC") or "pymalloc",
         "PYTHONPATH": str(checkout),
         "RESPONSES_WS_USAGE_PATH": str(scratch / "usage.db"),
         "RESPONSES_WS_USAGE_FLUSH_INTERVAL_S": "100000",

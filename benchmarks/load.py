@@ -11,8 +11,9 @@ Reported per level: turns/s (turns / wall time of the turn phase), turn latency 
 seconds per turn, and its VmRSS idle (before the clients), at peak (sampled every 50 ms) and after
 every client left (the lowest sample in the `SETTLE_S` seconds after the last close: the server
 collects and trims once per burst of closes, a second or a few after it, see `server_shim/trim.py`).
-`allocators` runs each level once per CPython allocator: `pymalloc` (the default) and `malloc`
-(`PYTHONMALLOC=malloc` in the server's environment), which gives memory back after a burst.
+`allocators` runs each level once per CPython allocator: `default` (no `PYTHONMALLOC` in the server's
+environment: a bare `serve`, which runs itself again on the C allocator where glibc's `malloc_trim` exists),
+`pymalloc` (`PYTHONMALLOC=pymalloc`: Python's own allocator, the opt-out) or `malloc` (`PYTHONMALLOC=malloc`).
 
 A second part, `big_frame`, measures what large frames cost the other connections: connection B
 runs back-to-back small turns while connection A sends, one after the other, (a) a 3 MB frame of
@@ -52,7 +53,7 @@ MODEL = "simulated-1"
 LEVELS = (50, 200, 500, 1000)
 TURNS = 20
 SETTLE_S = 10.0
-ALLOCATORS = ("pymalloc",)
+ALLOCATORS = ("default",)
 COMPLETED = b'{"type":"response.completed"'
 FAILED = (b'{"type":"error"', b'{"type":"response.failed"', b'{"type":"response.incomplete"')
 
@@ -98,9 +99,10 @@ async def _sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 0.05)
 
 
-def server_env(allocator: str) -> dict[str, str] | None:
-    """The server child's environment for a CPython allocator (`pymalloc`: inherited as is)."""
-    return None if allocator == "pymalloc" else {**os.environ, "PYTHONMALLOC": allocator}
+def server_env(allocator: str) -> dict[str, str]:
+    """The server child's environment for a CPython allocator (`default`: without `PYTHONMALLOC`, as a bare `serve`)."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    return environment if allocator == "default" else {**environment, "PYTHONMALLOC": allocator}
 
 
 async def _settled_rss(pid: int, seconds: float) -> int:
@@ -279,7 +281,7 @@ def table(result: dict[str, Any]) -> str:
         rows.append(
             [
                 lvl["clients"],
-                lvl.get("allocator", "pymalloc"),
+                lvl.get("allocator", "pymalloc"),  # runs before the `default` choice were pymalloc
                 lvl["turns"],
                 fmt(lvl["turns_per_s"], 0),
                 fmt(lvl["latency_p50_ms"], 1),

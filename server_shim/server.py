@@ -24,7 +24,7 @@ from .http_protocol import HTTP_PROTOCOL, HttpLimits
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
-from .trim import allocator_line, freeze_startup_heap
+from .trim import allocator_line, c_allocator, freeze_startup_heap
 from .ws_protocol import ShimWebSocketProtocol
 
 log = logging.getLogger("responses_ws")
@@ -193,7 +193,7 @@ def startup_summary(loaded: Loaded, port: int, workers: int = 1) -> list[str]:
         models = ", ".join(f"{alias}->{model}" if alias != model else alias for alias, model in d.models.items())
         lines.append(f"deployment {d.name!r} ({d.kind}{target}) serves models {models} [{source}]")
     lines.append(loaded.auth_summary())
-    lines.append(allocator_line(os.environ.get("PYTHONMALLOC")))
+    lines.append(allocator_line(c_allocator()))
     return lines
 
 

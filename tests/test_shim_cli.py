@@ -271,10 +271,39 @@ async def test_serve_says_where_it_listens_what_it_routes_to_and_that_auth_is_on
     assert (
         "auth on: 2 api key(s), 2 tenant(s), each at most 512 WebSocket connections, 256 kept free for each" in output
     )
-    assert "memory: Python's allocator keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back" in output
+    assert (
+        "memory: Python's allocator (pymalloc) keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
+        in output
+    )
     assert '"WebSocket /v1/responses" 401' in output
     assert " ERROR " not in output and "Traceback" not in output, output
     assert "k1" not in output and "k2" not in output.replace(f":{port}", ""), "no key in any log line"
+
+
+async def test_serve_without_pythonmalloc_runs_itself_again_on_the_c_allocator_in_the_same_process():
+    """Python's allocator keeps part of a burst's peak RSS (README, Load): a bare `serve` replaces itself with the
+    same command and PYTHONMALLOC=malloc, keeping its process id (what a supervisor watches)."""
+    port = closed_port()
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONMALLOC"}
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    output = process.stdout.read()
+    assert b"PYTHONMALLOC=malloc" in environ
+    assert cmdline[1:4] == [str(SCRIPT).encode(), b"serve", b"--port"], cmdline  # the same command
+    assert "memory: C allocator (PYTHONMALLOC=malloc): memory freed after a burst of clients goes back" in output
+    assert output.count(f"listening on http://127.0.0.1:{port}") == 1 and "Traceback" not in output, output
 
 
 def test_a_port_in_use_is_one_clear_error_line():

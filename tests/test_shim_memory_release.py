@@ -17,6 +17,8 @@ import email.utils
 import gc
 import json
 import math
+import os
+import subprocess
 import sys
 import threading
 import tracemalloc
@@ -44,6 +46,7 @@ from server_shim.trim import (
     GC_SHARE,
     Trimmer,
     allocator_line,
+    c_allocator_environment,
     clear_type_cache,
     next_allowed,
     purge_cancelled_timers,
@@ -124,9 +127,28 @@ def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pas
 
 
 def test_the_start_up_line_on_memory_names_the_allocator_in_use():
-    assert "PYTHONMALLOC=malloc gives it back" in allocator_line(None)
-    assert "PYTHONMALLOC=malloc gives it back" in allocator_line("pymalloc")
-    assert "goes back to the system" in allocator_line("malloc")
+    assert "PYTHONMALLOC=malloc gives it back" in allocator_line(c_allocator=False)
+    assert "goes back to the system" in allocator_line(c_allocator=True)
+
+
+@pytest.mark.parametrize(("pythonmalloc", "expected"), [("malloc", True), ("pymalloc", False), ("", False)])
+def test_the_allocator_in_use_is_told_from_the_process_itself(pythonmalloc: str, expected: bool):
+    code = "from server_shim.trim import c_allocator; print(c_allocator())"
+    env = {**os.environ, "PYTHONMALLOC": pythonmalloc}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.stdout.strip() == str(expected), result.stderr
+
+
+def test_serve_runs_itself_again_on_the_c_allocator_only_where_nobody_chose_and_it_can_take_effect():
+    again = c_allocator_environment({"PATH": "/bin"}, ignores_environment=False, trims=True)
+    assert again == {"PATH": "/bin", "PYTHONMALLOC": "malloc"}
+    assert c_allocator_environment({"PYTHONMALLOC": ""}, ignores_environment=False, trims=True) == {
+        "PYTHONMALLOC": "malloc"
+    }  # empty is unset, for Python too
+    for chosen in ("pymalloc", "malloc", "pymalloc_debug"):  # the operator's choice, the opt-out included
+        assert c_allocator_environment({"PYTHONMALLOC": chosen}, ignores_environment=False, trims=True) is None
+    assert c_allocator_environment({}, ignores_environment=True, trims=True) is None  # -E / -I: would not apply
+    assert c_allocator_environment({}, ignores_environment=False, trims=False) is None  # no malloc_trim (musl, macOS)
 
 
 def _collect_garbage() -> None:
