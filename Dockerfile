@@ -16,7 +16,8 @@ RUN useradd --system --uid 10001 --home-dir /home/shim --create-home shim
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels 'responses-ws[redis]' && rm -rf /wheels
 USER 10001
-# PYTHONMALLOC=malloc: RSS returns after a burst of clients (README, Load), for ~4-19% more CPU a turn
+# PYTHONMALLOC=malloc: RSS returns after a burst of clients (README, Load), for ~7% more instructions a turn;
+# `serve` would run itself again with it when unset: set here, it starts once
 ENV XDG_STATE_HOME=/home/shim/state PYTHONUNBUFFERED=1 PYTHONMALLOC=malloc
 EXPOSE 8787
 # /healthz is open (no key); python is in the image, curl is not.
