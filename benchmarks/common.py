@@ -312,16 +312,16 @@ class TimingMiddleware:
         """The scope with the shim's direct frame writer (its fast path past ASGI `send`) probed too."""
         extensions = scope.get("extensions") or {}
         protocol = extensions.get(FORCE_CLOSE_EXTENSION)
-        if scope["type"] != "websocket" or not protocol or protocol.get("send_text") is None:
+        if scope["type"] != "websocket" or not protocol or protocol.get("send_texts") is None:
             return scope  # no direct writer, or the app turned it off (a middleware wraps `send`: this one)
-        send_text, recorder = protocol["send_text"], self.recorder
+        send_texts, recorder = protocol["send_texts"], self.recorder
 
-        def timed_send_text(data: bytes) -> None:
-            if data.startswith(_COMPLETED_PREFIXES_BYTES):
+        def timed_send_texts(frames: list[bytes]) -> None:
+            if any(data.startswith(_COMPLETED_PREFIXES_BYTES) for data in frames):
                 recorder.mark("server_out")
-            send_text(data)
+            send_texts(frames)
 
-        probed = {**protocol, "send_text": timed_send_text}
+        probed = {**protocol, "send_texts": timed_send_texts}
         return {**scope, "extensions": {**extensions, FORCE_CLOSE_EXTENSION: probed}}
 
 

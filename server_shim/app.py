@@ -297,7 +297,7 @@ class ShimApp(Starlette):
         if scope["type"] == "websocket":
             extension = scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION)
             if extension is not None and not self._sends_unwrapped(extension, send):
-                extension["send_text"] = None
+                extension["send_texts"] = None
         await super().__call__(scope, receive, send)
 
     def _sends_unwrapped(self, extension: dict[str, object], send: Send) -> bool:

@@ -50,8 +50,8 @@ CLOSE_MESSAGE_TOO_BIG = 1009
 FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
 """ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
 `writable()`, true while a send will not wait for the peer (so it needs no timeout), and
-`send_text(data)`, which queues a text frame of UTF-8 bytes at once (only while writable; None where
-a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`."""
+`send_texts(frames)`, which queues a text frame for each of a list of UTF-8 byte strings at once (only
+while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`."""
 
 
 class ConnectionState(enum.Enum):
@@ -98,7 +98,7 @@ class ResponsesConnection:
         """Loop time when the connection last started waiting for a frame (the idle timeout counts from it)."""
         protocol = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {})
         self._writable = protocol.get("writable")
-        self._send_now = protocol.get("send_text") if self._writable is not None else None
+        self._send_now = protocol.get("send_texts") if self._writable is not None else None
 
     async def run(self) -> None:
         await self.websocket.accept()
@@ -255,8 +255,7 @@ class ResponsesConnection:
         if self.state is ConnectionState.CLOSED:
             raise WebSocketDisconnect(1006)
         try:
-            for event in events:
-                self._send_now(encode_event(event))
+            self._send_now([event if event.__class__ is bytes else encode_event(event) for event in events])
         except OSError:
             self._gone()
         return True

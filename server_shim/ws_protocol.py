@@ -24,14 +24,14 @@ from .ws_frames import too_large_error
 FORCE_CLOSE_GRACE_S = 5.0
 
 
-def _send_when_gone(data: bytes) -> None:
+def _send_when_gone(frames: list[bytes]) -> None:
     raise ClientDisconnected()
 
 
 GONE_EXTENSION: dict[str, Any] = {
     "close": lambda code, reason: None,
     "writable": lambda: True,
-    "send_text": _send_when_gone,
+    "send_texts": _send_when_gone,
 }
 """The force-close extension of a lost connection: the same answers (nothing to close, sends fail at
 once), without a reference back to the protocol."""
@@ -45,6 +45,9 @@ _AT_A_FRAME_BOUNDARY = StreamReader.at_eof.__code__
 _DATA_KINDS: dict[int, Literal["text", "bytes"]] = {0x81: "text", 0x82: "bytes"}
 """A final, unfragmented text or binary frame's first byte (no RSV bit, as no extension is negotiated)."""
 _HEADER_64 = struct.Struct("!BBQ")
+_SHORT_HEADERS = [bytes((0x81, size)) for size in range(126)]
+"""The header of each text frame of up to 125 bytes (its length fits in the second byte)."""
+_pack_16 = _HEADER_16.pack
 
 
 class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -92,16 +95,33 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
             raise ClientDisconnected() from None
         self._hold(*self.conn.data_to_send())
 
-    def send_text_now(self, data: bytes) -> None:
-        """One text frame of `data` (UTF-8) corked at once, without an ASGI message: the app's fast path.
+    def send_texts_now(self, frames: list[bytes]) -> None:
+        """A text frame for each of `frames` (UTF-8) corked at once, without an ASGI message: the app's fast path.
 
-        For a socket that is writable (the caller checks), so nothing waits: the frame header is
+        For a socket that is writable (the caller checks), so nothing waits: the frame headers are
         built here (a server's frames are unmasked, and this protocol negotiates no extension), which
         is what `websockets` would write, less the ASGI, Starlette and `websockets` layers per event.
+        A turn's events ready together come in one call: one check and one cork for all of them.
         """
         if self.disconnected or self.close_sent or self.conn.state is not State.OPEN:
             raise ClientDisconnected()
-        self._hold(text_frame_header(len(data)), data)
+        corked = self._corked
+        first = not corked
+        size = self._corked_bytes
+        for data in frames:
+            length = len(data)
+            if length < 126:
+                corked += (_SHORT_HEADERS[length], data)
+                size += 2 + length
+            else:
+                header = _pack_16(0x81, 126, length) if length < 65536 else text_frame_header(length)
+                corked += (header, data)
+                size += len(header) + length
+        self._corked_bytes = size
+        if size >= CORK_MAX_BYTES:
+            self.flush()
+        elif first and corked:
+            self.loop.call_soon(self.flush)
 
     def _hold(self, *chunks: bytes) -> None:
         """Keep chunks for the write at the end of this loop iteration (at once past `CORK_MAX_BYTES`)."""
@@ -194,7 +214,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][FORCE_CLOSE_EXTENSION] = {
                 "close": self.force_close,
                 "writable": self.writable.is_set,
-                "send_text": self.send_text_now,
+                "send_texts": self.send_texts_now,
                 "asgi_send": self.send,
             }
 
