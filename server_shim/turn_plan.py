@@ -8,7 +8,7 @@ lookups a turn starts with (the previous response, the models for an unknown one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,12 +191,14 @@ async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
     return await footprint_in_slices(batch)
 
 
-async def _echoed_held(echoed: dict[str, Any]) -> dict[int, int]:
+async def _echoed_held(echoed: dict[str, Any], given: Iterable[str]) -> dict[int, int]:
     """The footprints of the request's containers that the Response object echoes (a `text.format` schema, a
     `tool_choice`...: up to `max_json_values` values), measured in slices; `ResponseState` takes them as
-    known rather than walking them at once. The tools are measured apart (`tools_held`)."""
+    known rather than walking them at once. The tools are measured apart (`tools_held`). Only the fields the
+    request set (`given`) are looked at: every other one echoes a default, measured once (`ECHO_DEFAULT_SIZES`)."""
     held: dict[int, int] = {}
-    for name, value in echoed.items():
+    for name in given:
+        value = echoed[name]
         if name == "tools" or not isinstance(value, (dict, list)):
             continue
         parts = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
@@ -224,7 +226,9 @@ class RequestHeld:
     """The other request containers the Response echoes, by `id`."""
 
 
-async def request_held(request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any]) -> RequestHeld:
-    """Walk the request's tools and echoed containers (`echoed`: its `echoed_fields`) in slices that let other
+async def request_held(
+    request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any], given: Iterable[str]
+) -> RequestHeld:
+    """Walk the request's tools and echoed containers (`echoed`, `given`: its `echo_of`) in slices that let other
     connections run."""
-    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(echoed))
+    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(echoed, given))

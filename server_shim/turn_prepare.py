@@ -16,7 +16,7 @@ from .callids import with_calls
 from .checks import prepare_checks
 from .compaction import expand_compactions
 from .errors import model_not_found
-from .events import echoed_fields
+from .events import echo_of
 from .history import History
 from .items import normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
@@ -82,6 +82,7 @@ async def plan_turn(
     if large:
         await asyncio.sleep(0)
     sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
+    echoed, given = echo_of(request)
     plan = TurnPlan(
         new_items=new_items,
         tools=tools.chat,
@@ -94,8 +95,8 @@ async def plan_turn(
         carry=previous.carry if previous and sent is history else {},
         labels=labels | outcome.labels,
         base_held=base.held,
-        echoed=(echoed := echoed_fields(request)),
-        held=await request_held(request, previous, echoed),
+        echoed=echoed,
+        held=await request_held(request, previous, echoed, given),
         checks=outcome,
         prior_checks=prior_checks,
         prior_output=prior_output,
