@@ -283,7 +283,7 @@ class TimingMiddleware:
             await self.app(scope, receive, send)
             return
         recorder = self.recorder
-        scope = self._timed_send_text(scope)
+        scope = self._timed_send_texts(scope)
 
         async def timed_receive() -> dict:
             message = await receive()
@@ -308,7 +308,7 @@ class TimingMiddleware:
 
         await self.app(scope, timed_receive, timed_send)
 
-    def _timed_send_text(self, scope: dict) -> dict:
+    def _timed_send_texts(self, scope: dict) -> dict:
         """The scope with the shim's direct frame writer (its fast path past ASGI `send`) probed too."""
         extensions = scope.get("extensions") or {}
         protocol = extensions.get(FORCE_CLOSE_EXTENSION)
