@@ -66,7 +66,7 @@ class CacheBudget:
             pass
         while self.total > self.max_bytes and self._drop_from_largest(cache):
             pass
-        metrics.CACHE_BYTES.set(self.total)
+        metrics.set_later(metrics.CACHE_BYTES, self.total)
 
     def leave(self, cache: Budgeted) -> None:
         """The connection closed: its cache no longer counts."""
@@ -77,7 +77,7 @@ class CacheBudget:
             if not queue:
                 del self._queues[cache.tenant]
         self._add(cache.tenant, -charged)
-        metrics.CACHE_BYTES.set(self.total)
+        metrics.set_later(metrics.CACHE_BYTES, self.total)
 
     def _charge(self, cache: Budgeted) -> None:
         nbytes = cache.nbytes

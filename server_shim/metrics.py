@@ -19,8 +19,6 @@ import operator
 import os
 import shutil
 import tempfile
-import threading
-from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -37,81 +35,9 @@ from prometheus_client import (
 )
 from prometheus_client import values as client_values
 
+from .metric_values import Labelled, in_place
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
-class InPlaceValue:
-    """A metric value kept as a C double and updated in place: what prometheus-client's `MutexValue` does, minus
-    a new float object per update.
-
-    `MutexValue` replaces its float at every `inc`, so each counter, bucket and sum holds the float its
-    last update made: after a burst of clients that is a long-lived object allocated wherever pymalloc
-    had room during the burst, and a handful of them keep the allocator from returning the 1 MiB arenas
-    the burst opened (README, "Load"). Here the double lives in a buffer made once with the metric.
-    """
-
-    _multiprocess = False
-    __slots__ = ("_cell", "_exemplar", "_lock")
-
-    def __init__(self, value: float = 0.0) -> None:
-        self._cell = array("d", (value,))
-        self._exemplar: Any = None
-        self._lock = threading.Lock()
-
-    def inc(self, amount: float) -> None:
-        with self._lock:
-            self._cell[0] += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        with self._lock:
-            self._cell[0] = value
-
-    def get(self) -> float:
-        with self._lock:
-            return self._cell[0]
-
-    def set_exemplar(self, exemplar: Any) -> None:
-        with self._lock:
-            self._exemplar = exemplar
-
-    def get_exemplar(self) -> Any:
-        with self._lock:
-            return self._exemplar
-
-
-def in_place(metric: Any) -> Any:
-    """`metric` (an unlabelled metric or a child) with its `MutexValue`s turned into `InPlaceValue`s.
-
-    Values of other kinds are left as they are: the multiprocess ones already live in a shared file.
-    """
-    for name in ("_value", "_sum", "_count"):
-        value = getattr(metric, name, None)
-        if type(value) is client_values.MutexValue:
-            setattr(metric, name, InPlaceValue(value.get()))
-    buckets = getattr(metric, "_buckets", None)
-    if isinstance(buckets, list):
-        buckets[:] = [InPlaceValue(b.get()) if type(b) is client_values.MutexValue else b for b in buckets]
-    return metric
-
-
-class _Labelled:
-    """A labelled metric whose children are looked up once per label values.
-
-    prometheus-client's `labels()` validates and locks on every call (about 3 us); a turn records a
-    dozen labelled values, so the children are kept here. Label values are bounded sets (stages,
-    deployments, transports, statuses, error codes), so the dict stays small. Each child's values
-    are `InPlaceValue`s.
-    """
-
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = in_place(self.metric.labels(*values))
-        return child
 
 
 STAGES = ("resolve", "validate", "render", "route", "backend_ttft", "stream", "finalize")
@@ -122,14 +48,14 @@ _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
-TURNS = _Labelled(
+TURNS = Labelled(
     Counter(
         "responses_ws_turns",
         "Responses created, by transport, deployment and final status",
         ["transport", "deployment", "status"],
     )
 )
-STAGE_SECONDS = _Labelled(
+STAGE_SECONDS = Labelled(
     Histogram(
         "responses_ws_turn_stage_seconds",
         "Time per turn in each stage of the pipeline",
@@ -144,7 +70,7 @@ SHIM_OVERHEAD_SECONDS = in_place(
         buckets=_FAST,
     )
 )
-TTFT_SECONDS = _Labelled(
+TTFT_SECONDS = Labelled(
     Histogram(
         "responses_ws_time_to_first_token_seconds",
         "From the request to the first output delta",
@@ -152,15 +78,15 @@ TTFT_SECONDS = _Labelled(
         buckets=_SLOW,
     )
 )
-TURN_SECONDS = _Labelled(
+TURN_SECONDS = Labelled(
     Histogram(
         "responses_ws_turn_duration_seconds", "From the request to the terminal event", ["deployment"], buckets=_SLOW
     )
 )
-TOKENS = _Labelled(
+TOKENS = Labelled(
     Counter("responses_ws_tokens", "Tokens by deployment and kind (input, cached, output)", ["deployment", "kind"])
 )
-PLUGIN_SECONDS = _Labelled(
+PLUGIN_SECONDS = Labelled(
     Histogram(
         "responses_ws_plugin_seconds",
         "Time per turn in validators, classifiers and checks (check: before inference; check_beside_inference)",
@@ -178,14 +104,14 @@ LANES = in_place(
         multiprocess_mode="livesum",
     )
 )
-CACHE_LOOKUPS = _Labelled(
+CACHE_LOOKUPS = Labelled(
     Counter(
         "responses_ws_cache_lookups",
         "previous_response_id lookups: hit (connection cache), store (loaded from the response store), miss",
         ["result"],
     )
 )
-CACHE_EVICTIONS = _Labelled(
+CACHE_EVICTIONS = Labelled(
     Counter("responses_ws_cache_evictions", "Responses dropped from connection caches", ["reason"])
 )
 CACHE_BYTES = in_place(
@@ -193,10 +119,10 @@ CACHE_BYTES = in_place(
         "responses_ws_cache_bytes", "Bytes held by the connection caches (size estimate)", multiprocess_mode="livesum"
     )
 )
-STORE_OPERATIONS = _Labelled(
+STORE_OPERATIONS = Labelled(
     Counter("responses_ws_store_operations", "Response store reads and writes", ["operation", "result"])
 )
-BREAKER = _Labelled(
+BREAKER = Labelled(
     Gauge(
         "responses_ws_deployment_breaker_state",
         "Circuit breaker per deployment: 0 closed, 1 half open, 2 open",
@@ -204,19 +130,15 @@ BREAKER = _Labelled(
         multiprocess_mode="max",
     )
 )
-ERRORS = _Labelled(
-    Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"])
-)
-CLOSED_CONNECTIONS = _Labelled(
+ERRORS = Labelled(Counter("responses_ws_errors", "Error events and error responses sent to clients, by code", ["code"]))
+CLOSED_CONNECTIONS = Labelled(
     Counter(
         "responses_ws_closed_connections",
         "Connections the server closed on a client: head_timeout, body_timeout, slow_reader (client not reading)",
         ["transport", "reason"],
     )
 )
-BYTES_RECEIVED = _Labelled(
-    Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"])
-)
+BYTES_RECEIVED = Labelled(Counter("responses_ws_received_bytes", "Request bytes received, by transport", ["transport"]))
 
 
 TRANSPORTS = ("websocket", "http")
@@ -312,12 +234,40 @@ _turn_values: defaultdict[str, list[float]] = defaultdict(list)
 _plugin_values: defaultdict[str, list[float]] = defaultdict(list)
 _shim_values: list[float] = []
 """Held values by label (a stage, a deployment, a plugin kind): each list made once, emptied at each flush."""
+_added: dict[Any, float] = {}
+_set_to: dict[Any, float] = {}
+"""Counter and gauge updates held by the value they update (`add`, `set_later`), applied at each flush."""
+
+
+def add(value: Any, amount: float = 1) -> None:
+    """`value.inc(amount)` (a counter, a gauge or a labelled child) when the held turns are next applied (every
+    `FLUSH_TURNS` turns and at every scrape): per request, a dict update rather than prometheus-client's checks
+    and lock. At once in multiprocess mode (another worker may be the one scraped), as `observe_turn` does."""
+    if SHARED_VALUES:
+        value.inc(amount)
+    else:
+        _added[value] = _added.get(value, 0) + amount
+
+
+def set_later(gauge: Any, value: float) -> None:
+    """`gauge.set(value)`, held as `add` holds an increment (the last value set is the one applied)."""
+    if SHARED_VALUES:
+        gauge.set(value)
+    else:
+        _set_to[gauge] = value
 
 
 def flush_turns() -> None:
-    """Apply the held observations: each counter once, each histogram's sum and buckets once."""
+    """Apply the held observations and updates: each counter once, each histogram's sum and buckets once."""
     global _held_turns
     _held_turns = 0
+    for value, amount in _added.items():
+        if amount:
+            value.inc(amount)
+    _added.clear()
+    for gauge, to in _set_to.items():
+        gauge.set(to)
+    _set_to.clear()
     for (transport, deployment, status), count in _turn_counts.items():
         TURNS.labels(transport, deployment, status).inc(count)
     _turn_counts.clear()

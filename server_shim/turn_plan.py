@@ -32,6 +32,8 @@ from .state import ConnectionCache, ResponseState, ResponseStore, RunningRespons
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
 
+_CACHE_HITS = metrics.CACHE_LOOKUPS.labels("hit")
+
 
 @dataclass
 class TurnEnv:
@@ -164,7 +166,7 @@ async def resolve_previous(
         return None
     state = cache.get(previous_id) if cache is not None else None
     if state is not None:
-        metrics.CACHE_LOOKUPS.labels("hit").inc()
+        metrics.add(_CACHE_HITS)
         return state
     state = await env.store.load(previous_id, tenant)
     metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .app import ShimState
 
 log = logging.getLogger(__name__)
+_BYTES_RECEIVED = metrics.BYTES_RECEIVED.labels("websocket")
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
@@ -132,7 +133,7 @@ class ResponsesConnection:
             data = text if text is not None else message.get("bytes") or b""
             size = frame_nbytes(data)
             self.shim.stats.bytes_received += size
-            metrics.BYTES_RECEIVED.labels("websocket").inc(size)
+            metrics.add(_BYTES_RECEIVED, size)
             if size > self.settings.max_frame_bytes:
                 self._start_close(CLOSE_MESSAGE_TOO_BIG, too_large_error(self.settings.max_frame_bytes))
                 continue
@@ -173,7 +174,7 @@ class ResponsesConnection:
                 await self.send(with_lane(limit.event(), stream_id))
                 return
             lane = self._lanes[stream_id] = _Lane()
-            metrics.LANES.inc()
+            metrics.add(metrics.LANES, 1)
         lane.queue.append((request, size))
         self.queued.add(size)
         if self.queued.full:
@@ -222,7 +223,7 @@ class ResponsesConnection:
             self._dequeued(lane.queue.popleft()[1])
         if self._lanes.get(stream_id) is lane:
             del self._lanes[stream_id]
-            metrics.LANES.dec()
+            metrics.add(metrics.LANES, -1)
 
     def _dequeued(self, size: int) -> None:
         self.queued.remove(size)

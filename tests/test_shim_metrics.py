@@ -215,3 +215,29 @@ def test_held_observations_land_as_observing_one_by_one_would():
         assert samples(held) == samples(one_by_one)  # buckets, count and the float sum, bit for bit
 
     check()
+
+
+def test_held_counter_and_gauge_updates_reach_the_metric_at_the_next_flush():
+    """`add` and `set_later` hold a request's updates as numbers; a flush (every 100 turns, every scrape)
+    applies them: each increment once, the last value set."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from server_shim import metrics
+
+    registry = CollectorRegistry()
+    counter = Counter("held_test", "a counter", registry=registry)
+    gauge = Gauge("held_test_gauge", "a gauge", registry=registry)
+    metrics.flush_turns()
+    for _ in range(3):
+        metrics.add(counter, 5)
+        metrics.add(gauge, 1)
+        metrics.add(gauge, -1)
+    metrics.set_later(gauge, 7)
+    metrics.set_later(gauge, 9)
+    if not metrics.SHARED_VALUES:
+        assert registry.get_sample_value("held_test_total") == 0 and registry.get_sample_value("held_test_gauge") == 0
+    metrics.flush_turns()
+    assert registry.get_sample_value("held_test_total") == 15
+    assert registry.get_sample_value("held_test_gauge") == 9
+    metrics.flush_turns()  # applied once
+    assert registry.get_sample_value("held_test_total") == 15
