@@ -15,7 +15,9 @@ Two variants, each per conversation:
   items, chat rendering (messages), encoded fragments, Response objects, the rest of the states
   (tools, call ids, lists), the cache and store containers;
 - `child_process`: `responses-ws serve` in a child process; its VmRSS after the turns minus
-  before, over N (RSS includes allocator slack, so it is the figure a deployment sees).
+  before, over N (RSS includes allocator slack, so it is the figure a deployment sees). It runs on the
+  allocator a bare `serve` picks (the C allocator, see `server_shim/trim.py`) unless `PYTHONMALLOC` is set
+  for this process (the child inherits it).
 """
 
 from __future__ import annotations
@@ -311,6 +313,7 @@ def run(out_dir: Path, *, quick: bool = False, repeats: int | None = None, turns
         "tool_output_bytes": TOOL_BYTES,
         "conversations": counts,
         "conversation": "agent loop: each turn a function_call_output and a user message in, a function_call out",
+        "child_pythonmalloc": os.environ.get("PYTHONMALLOC") or "unset: a bare serve, which runs on the C allocator",
     }
     result["targets"] = [
         {
