@@ -32,7 +32,10 @@ def _run_on_the_c_allocator() -> None:
     """Replace this process with the same command on the C allocator, unless `PYTHONMALLOC` is set
     (`trim.c_allocator_environment` says when): with Python's own allocator part of the RSS of a
     burst of clients stays after they leave; with the C allocator it goes back (README, "Load").
-    Called once the configuration is known to be valid, so a bad one is reported by one process."""
+    Called once the configuration is known to be valid, so a bad one is reported by one process.
+    Not from a frozen executable (no interpreter to run again); if the `exec` fails, this process
+    serves on as it is, saying why."""
+    import logging
     import os
 
     from .trim import TRIMS, c_allocator_environment
@@ -40,11 +43,16 @@ def _run_on_the_c_allocator() -> None:
     environment = c_allocator_environment(
         os.environ, ignores_environment=bool(sys.flags.ignore_environment), trims=TRIMS
     )
-    if environment is None or not sys.executable:
+    if environment is None or not sys.executable or getattr(sys, "frozen", False):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+    except OSError as exc:
+        logging.getLogger("responses_ws").warning(
+            "could not start again on the C allocator (%s: %s); serving on Python's allocator", sys.executable, exc
+        )
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, object]:

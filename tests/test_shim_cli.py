@@ -306,6 +306,28 @@ async def test_serve_without_pythonmalloc_runs_itself_again_on_the_c_allocator_i
     assert output.count(f"listening on http://127.0.0.1:{port}") == 1 and "Traceback" not in output, output
 
 
+async def test_serve_that_cannot_run_itself_again_says_so_and_serves_on_pythons_allocator():
+    port = closed_port()
+    code = "import sys; sys.executable = '/nonexistent/python'; from server_shim.cli import main; sys.exit(main())"
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONMALLOC"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    output = process.stdout.read()
+    assert "could not start again on the C allocator (/nonexistent/python: [Errno 2]" in output, output
+    assert "memory: Python's allocator (pymalloc) keeps part of a burst's peak RSS" in output
+    assert "Traceback" not in output, output
+
+
 def test_a_port_in_use_is_one_clear_error_line():
     import socket
 
