@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.own_command_line:
+        _run_on_the_c_allocator()
     from .server import serve
 
     if args.workers < 1:
@@ -23,8 +25,6 @@ def _serve(args: argparse.Namespace) -> int:
     loaded = _load(args.config, _flag_overrides(args))
     if loaded is None:
         return 2
-    if args.own_command_line:
-        _run_on_the_c_allocator()
     return serve(loaded, log_level=args.log_level.lower(), workers=args.workers)
 
 
@@ -32,16 +32,16 @@ def _run_on_the_c_allocator() -> None:
     """Replace this process with the same command on the C allocator, unless `PYTHONMALLOC` is set
     (`trim.c_allocator_environment` says when): with Python's own allocator part of the RSS of a
     burst of clients stays after they leave; with the C allocator it goes back (README, "Load").
-    Called once the configuration is known to be valid, so a bad one is reported by one process.
-    Not from a frozen executable (no interpreter to run again); if the `exec` fails, this process
+    Called before the server is imported (the package imports it only when asked for a name), so
+    the first process costs an interpreter start and little more. Not from a frozen executable (no interpreter to run again); if the `exec` fails, this process
     serves on as it is, saying why."""
     import logging
     import os
 
-    from .trim import TRIMS, c_allocator_environment
+    from .allocator import c_allocator_environment, libc_trim
 
     environment = c_allocator_environment(
-        os.environ, ignores_environment=bool(sys.flags.ignore_environment), trims=TRIMS
+        os.environ, ignores_environment=bool(sys.flags.ignore_environment), trims=libc_trim() is not None
     )
     if environment is None or not sys.executable or getattr(sys, "frozen", False):
         return

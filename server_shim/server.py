@@ -18,13 +18,14 @@ from starlette.applications import Starlette
 from uvicorn.supervisors import Multiprocess
 
 from . import metrics, tracing
+from .allocator import allocator_line, c_allocator
 from .app import ShimState, create_app
 from .config import ShimConfig
 from .http_protocol import HTTP_PROTOCOL, HttpLimits
 from .loading import Loaded
 from .logs import configure_logging, uvicorn_log_config
 from .settings import Settings
-from .trim import allocator_line, c_allocator, freeze_startup_heap
+from .trim import freeze_startup_heap
 from .ws_protocol import ShimWebSocketProtocol
 
 log = logging.getLogger("responses_ws")

@@ -16,28 +16,19 @@ otherwise); a no-op where the C library has no `malloc_trim` (musl, macOS).
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 import math
 import sys
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from . import metrics
+from .allocator import libc_trim
 
 T = TypeVar("T", int, float)
-
-
-def _libc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        return None
 
 
 GC_THRESHOLDS = (10_000, 20, 20)
@@ -53,43 +44,6 @@ def freeze_startup_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def c_allocator() -> bool:
-    """Whether Python's objects come from the C allocator (`PYTHONMALLOC=malloc`): pymalloc counts the blocks
-    it hands out, the C allocator does not (`sys.getallocatedblocks()` is 0)."""
-    return sys.getallocatedblocks() == 0
-
-
-def allocator_line(c_allocator: bool) -> str:
-    """The start-up line on memory after bursts, from the allocator the process runs on.
-
-    With Python's own allocator (pymalloc) part of the RSS of a burst of clients stays after they
-    leave: the objects of the loops that run while idle, re-made during the burst in its memory,
-    keep some of its arenas. The C allocator's free pages go back with the trim (README, "Load").
-    """
-    if c_allocator:
-        return (
-            "memory: C allocator (PYTHONMALLOC=malloc): memory freed after a burst of clients goes back to the system"
-        )
-    return "memory: Python's allocator (pymalloc) keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
-
-
-def c_allocator_environment(
-    environ: Mapping[str, str], *, ignores_environment: bool, trims: bool
-) -> dict[str, str] | None:
-    """The environment `serve` runs itself again with to get the C allocator, or None to go on as it is.
-
-    Python picks its allocator once, from `PYTHONMALLOC`, before any code runs; so a `serve` started
-    without it replaces itself (`exec`, same process id) with the same command and `PYTHONMALLOC=malloc`.
-    None when the variable is set to anything (the operator chose: `PYTHONMALLOC=pymalloc` keeps
-    Python's allocator), when the interpreter ignores the environment (`-E`, `-I`: the variable would
-    not take effect), and where the C library cannot give free pages back (no `malloc_trim`: musl,
-    macOS), where nothing here measured what the C allocator would gain.
-    """
-    if environ.get("PYTHONMALLOC") or ignores_environment or not trims:
-        return None
-    return {**environ, "PYTHONMALLOC": "malloc"}
 
 
 GC_SHARE = 0.01
@@ -297,6 +251,4 @@ def renew_future_iterators(loop: asyncio.AbstractEventLoop) -> None:
     del taken
 
 
-_TRIM = _libc_trim()
-TRIMS = _TRIM is not None
-"""Whether the C library gives free pages back on request (glibc's `malloc_trim`)."""
+_TRIM = libc_trim()

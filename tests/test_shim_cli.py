@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -304,6 +305,15 @@ async def test_serve_without_pythonmalloc_runs_itself_again_on_the_c_allocator_i
     assert cmdline[1:4] == [str(SCRIPT).encode(), b"serve", b"--port"], cmdline  # the same command
     assert "memory: C allocator (PYTHONMALLOC=malloc): memory freed after a burst of clients goes back" in output
     assert output.count(f"listening on http://127.0.0.1:{port}") == 1 and "Traceback" not in output, output
+
+
+def test_the_command_imports_no_server_before_serve_decides_on_the_allocator():
+    """Running again on the C allocator costs an interpreter start and the command's own modules, not the server's."""
+    code = "import json, sys, server_shim.cli, server_shim.allocator; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(result.stdout))
+    assert {"server_shim", "server_shim.cli", "server_shim.allocator"} <= loaded
+    assert not loaded & {"server_shim.app", "server_shim.server", "server_shim.loading", "server_shim.trim"}, loaded
 
 
 async def test_serve_that_cannot_run_itself_again_says_so_and_serves_on_pythons_allocator():

@@ -33,6 +33,7 @@ from support.wire import MODEL, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
 from server_shim import events, health, ledger_sinks, metrics
+from server_shim.allocator import allocator_line, c_allocator_environment
 from server_shim.app import ShimStats, create_app
 from server_shim.deadlines import Timer
 from server_shim.events import new_id
@@ -45,8 +46,6 @@ from server_shim.trim import (
     FUTURE_ITERATORS,
     GC_SHARE,
     Trimmer,
-    allocator_line,
-    c_allocator_environment,
     clear_type_cache,
     next_allowed,
     purge_cancelled_timers,
@@ -133,7 +132,7 @@ def test_the_start_up_line_on_memory_names_the_allocator_in_use():
 
 @pytest.mark.parametrize(("pythonmalloc", "expected"), [("malloc", True), ("pymalloc", False), ("", False)])
 def test_the_allocator_in_use_is_told_from_the_process_itself(pythonmalloc: str, expected: bool):
-    code = "from server_shim.trim import c_allocator; print(c_allocator())"
+    code = "from server_shim.allocator import c_allocator; print(c_allocator())"
     env = {**os.environ, "PYTHONMALLOC": pythonmalloc}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert result.stdout.strip() == str(expected), result.stderr
