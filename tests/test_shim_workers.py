@@ -82,3 +82,18 @@ async def test_a_stopping_worker_finishes_the_response_in_flight_then_closes_wit
         types = [json.loads(message)["type"] async for message in ws]
     assert types[-1] == "response.completed"
     assert ws.close_code == 1001
+
+
+async def test_the_workers_of_a_bare_serve_run_on_the_c_allocator_too(serve_process):
+    """`serve` runs itself again with PYTHONMALLOC=malloc before starting its workers, which inherit it."""
+    port = closed_port()
+    process = serve_process("--port", str(port), "--workers", "2")
+    await asyncio.to_thread(wait_healthy, port, process)
+    expected = f"PYTHONMALLOC={os.environ.get('PYTHONMALLOC') or 'malloc'}".encode()  # a value set is kept
+    workers = worker_pids(process.pid)
+    assert len(workers) == 2, workers
+    for pid in [process.pid, *workers]:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            assert expected in environ.read().split(b"\0"), pid
+    os.killpg(process.pid, signal.SIGTERM)
+    process.communicate(timeout=20)
