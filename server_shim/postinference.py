@@ -58,12 +58,40 @@ class PostInference:
         is made only for a sink that returns an awaitable (most turns have none to wait for)."""
         if self.ledger is not None:
             self.ledger.accept(usage_record(response, info))
+        if self._listened():
+            self._schedule(response, info)
+
+    def record(
+        self,
+        response: dict[str, Any],
+        transport: str,
+        tenant: str | None,
+        connection_id: str | None,
+        deployment: str | None,
+        ttft_s: float | None,
+        duration_s: float,
+        tokens_estimated: bool,
+    ) -> None:
+        """`submit(response, TurnInfo(...these...))`, the `TurnInfo` made only when a sink listens: what a turn
+        calls (a frozen dataclass's `__init__` alone costs ~11,000 instructions, each field set through
+        `object.__setattr__`; the ledger's record needs only the values)."""
+        if self.ledger is not None:
+            self.ledger.accept(
+                record_of(response, transport, tenant, connection_id, deployment, ttft_s, duration_s, tokens_estimated)
+            )
+        if self._listened():
+            info = TurnInfo(transport, tenant, connection_id, deployment, ttft_s, duration_s, tokens_estimated)
+            self._schedule(response, info)
+
+    def _listened(self) -> bool:
+        """Whether some sink listens now (one without a `listening` attribute always does)."""
         for sink in self.sinks:
             listening = getattr(sink, "listening", None)
             if listening is None or listening():
-                break
-        else:
-            return  # no sink listens: nothing scheduled
+                return True
+        return False
+
+    def _schedule(self, response: dict[str, Any], info: TurnInfo) -> None:
         self._scheduled += 1
         asyncio.get_running_loop().call_soon(self._start, response, info)
 
@@ -136,22 +164,44 @@ async def _wait(name: object, waiting: Awaitable[Any], response_id: str | None) 
 
 
 def usage_record(response: dict[str, Any], info: TurnInfo) -> UsageRecord:
-    """The response's record, its values given in field order (keywords cost a dict per call)."""
+    """The response's record."""
+    return record_of(
+        response,
+        info.transport,
+        info.tenant,
+        info.connection_id,
+        info.deployment,
+        info.ttft_s,
+        info.duration_s,
+        info.tokens_estimated,
+    )
+
+
+def record_of(
+    response: dict[str, Any],
+    transport: str,
+    tenant: str | None,
+    connection_id: str | None,
+    deployment: str | None,
+    ttft_s: float | None,
+    duration_s: float,
+    tokens_estimated: bool,
+) -> UsageRecord:
+    """The response's record from `TurnInfo`'s values, given in field order (keywords cost a dict per call)."""
     usage = response.get("usage") or {}
-    ttft_s = info.ttft_s
     return UsageRecord(
         response["id"],
         response.get("created_at") or 0.0,
-        info.tenant,
+        tenant,
         response.get("model") or "",
-        info.deployment,
+        deployment,
         response.get("status") or "",
-        info.transport,
-        info.connection_id,
+        transport,
+        connection_id,
         usage.get("input_tokens") or 0,
         (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
         usage.get("output_tokens") or 0,
         None if ttft_s is None else round(ttft_s * 1000, 3),
-        round(info.duration_s * 1000, 3),
-        info.tokens_estimated,
+        round(duration_s * 1000, 3),
+        tokens_estimated,
     )

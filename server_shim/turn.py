@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import cast
+from typing import Any, cast
 
 from . import metrics
 from .backends.base import Carry, Routed, TextDelta, ToolCallDelta, Usage
@@ -21,7 +21,6 @@ from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
 from .events import Event, EventSequence, OutputAssembler, Sent, new_id, not_stored, response_object
 from .history import History
-from .postinference import TurnInfo
 from .requests import CreateRequest
 from .state import ConnectionCache
 from .steer import SteerSlot
@@ -224,7 +223,7 @@ class Turn:
         await self._finalize(final, plan)
         self.result.response = final
         stages.mark("finalize")
-        self.env.post_inference.submit(final, self._info(usage))  # before the client has it: usage is never lost
+        self._post_inference(final, usage)  # before the client has it: usage is never lost
         kind = "response.incomplete" if reason else "response.completed"
         encoded = self._frames.ended(kind, final, assembler.output_json) if self._frames else None
         return encoded or self.seq(kind, response=final)
@@ -255,18 +254,20 @@ class Turn:
             created_at=self._created_at,
         )
         self.result.response = cancelled
-        self.env.post_inference.submit(cancelled, self._info(usage))
+        self._post_inference(cancelled, usage)
 
-    def _info(self, usage: Usage | None) -> TurnInfo:
-        """Who and where, how long, and whether `usage` is estimated: what sinks and the usage ledger record."""
-        return TurnInfo(
-            transport=self.transport,
-            tenant=self.tenant,
-            connection_id=self.connection_id,
-            deployment=self._deployment,
-            ttft_s=None if self._first_token is None else self._first_token - self._started,
-            duration_s=time.monotonic() - self._started,
-            tokens_estimated=usage is not None and usage.estimated,
+    def _post_inference(self, response: dict[str, Any], usage: Usage | None) -> None:
+        """Hand the response over with who and where, how long, and whether `usage` is estimated: what sinks and
+        the usage ledger record (`TurnInfo`)."""
+        self.env.post_inference.record(
+            response,
+            self.transport,
+            self.tenant,
+            self.connection_id,
+            self._deployment,
+            None if self._first_token is None else self._first_token - self._started,
+            time.monotonic() - self._started,
+            usage is not None and usage.estimated,
         )
 
     def _fail(self, exc: BackendError | APIError, assembler: OutputAssembler) -> list[Sent]:
@@ -296,7 +297,7 @@ class Turn:
         self.result.error = error
         events.append(self.seq("response.failed", response=failed))
         events.append(self.seq("error", status=error.status, error=error.body()))
-        self.env.post_inference.submit(failed, self._info(assembler.usage))
+        self._post_inference(failed, assembler.usage)
         return events
 
     async def _finalize(self, response: dict, plan: TurnPlan) -> None:
