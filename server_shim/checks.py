@@ -164,9 +164,16 @@ class PendingChecks:
     def start(
         cls, checks: Sequence[Check], states: Mapping[str, Any], prior_output: list[Item], new_items: list[Item]
     ) -> PendingChecks:
+        if not checks:
+            return cls(None, None)
         blocking = [check for check in checks if check.blocking]
         flagging = [check for check in checks if not check.blocking]
         return cls(_task(blocking, states, prior_output, new_items), _task(flagging, states, prior_output, new_items))
+
+    @property
+    def started_any(self) -> bool:
+        """Whether a check runs beside inference (else `outcome` has nothing to wait for or merge)."""
+        return self.blocking is not None or self.flagging is not None
 
     async def passed(self) -> None:
         """Returns when every blocking check has passed; raises the refusal otherwise."""

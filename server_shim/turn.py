@@ -8,7 +8,6 @@ converts it itself. Nothing here touches a socket, so the WebSocket and HTTP pat
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -30,6 +29,33 @@ from .turn_plan import TurnEnv, TurnPlan, TurnResult
 from .turn_prepare import plan_turn
 
 log = logging.getLogger(__name__)
+
+
+class _closing:
+    """`contextlib.aclosing` of each distinct generator layer, outermost first, as nested ones close them (each
+    one whichever raises): restoring calls and gating on checks are most often no layer at all (the backend's
+    stream itself), and a turn then closes that one once rather than three times."""
+
+    __slots__ = ("_layers",)
+
+    def __init__(self, *layers: AsyncGenerator[Any, None]) -> None:
+        self._layers = layers
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await _close_layers(self._layers)
+
+
+async def _close_layers(layers: tuple[AsyncGenerator[Any, None], ...]) -> None:
+    layer, *inner = layers
+    try:
+        await layer.aclose()
+    finally:
+        rest = tuple(other for other in inner if other is not layer)
+        if rest:
+            await _close_layers(rest)
 
 
 class Turn:
@@ -117,13 +143,10 @@ class Turn:
             if self.request.generate is not False:
                 failure: BackendError | APIError | None = None
                 try:
-                    async with (
-                        contextlib.aclosing(
-                            self.env.backend.stream(plan.backend_request(self.request, self.connection_id, stages))
-                        ) as raw,
-                        contextlib.aclosing(restore_calls(raw, plan.tools, self.request.max_tool_calls)) as restored,
-                        contextlib.aclosing(gated(restored, checks)) as deltas,
-                    ):
+                    raw = self.env.backend.stream(plan.backend_request(self.request, self.connection_id, stages))
+                    restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
+                    deltas = gated(restored, checks)
+                    async with _closing(deltas, restored, raw):
                         async for delta in deltas:
                             if isinstance(delta, (Carry, Routed)):
                                 plan.route(delta)
@@ -150,12 +173,14 @@ class Turn:
                 if failure is not None:
                     yield self._fail(failure, assembler)
                     return
-            try:
-                await checks.outcome(plan.checks)
-            except APIError as error:  # a check that does not hold the first token refused (or failed) late
-                yield self._fail(error, assembler)
-                return
-            reason = await self._outcome(plan, checks, steered)
+            if checks.started_any:  # a coroutine awaited costs ~1,000 instructions, even one with nothing to do
+                try:
+                    await checks.outcome(plan.checks)
+                except APIError as error:  # a check that does not hold the first token refused (or failed) late
+                    yield self._fail(error, assembler)
+                    return
+            counted = await plan.counting.result() if counter is not None else None
+            reason = self._outcome(plan, checks, steered, counted)
             if closed := assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
                 yield closed  # before the end, which waits for the store
             yield [await self._complete(plan, reason)]
@@ -189,12 +214,11 @@ class Turn:
         )
         return [self.seq("response.created", response=pending), self.seq("response.in_progress", response=pending)]
 
-    async def _outcome(self, plan: TurnPlan, checks: PendingChecks, steered: bool) -> str | None:
+    def _outcome(self, plan: TurnPlan, checks: PendingChecks, steered: bool, counted: Counted | None) -> str | None:
         """After the checks held: the labels and the token count in; why the response is incomplete, if it is."""
         plan.labels.update(plan.checks.labels)
         if plan.later_checks:
             self.result.plugin_s["check_beside_inference"] = checks.seconds
-        counted = await plan.counting.result()
         plan.tokens = counted.through if counted else None
         self._counted = counted
         assert self._assembler is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import metrics
 from .backends.base import Backend, BackendRequest, Carry, Routed
@@ -184,43 +184,33 @@ async def served_models(backend: Backend) -> list[str]:
         return []
 
 
-async def batch_held(batch: tuple[Item, ...], large: bool) -> int | None:
+async def batch_held(batch: tuple[Item, ...]) -> int:
     """A large request's new items' footprint, walked in slices after giving way once (the item passes before
-    it did not); None: `History` walks a small batch itself."""
-    if not large:
-        return None
+    it did not); `History` walks a small batch itself."""
     await asyncio.sleep(0)
     return await footprint_in_slices(batch)
 
 
-async def _echoed_held(echoed: dict[str, Any], given: Iterable[str]) -> dict[int, int]:
-    """The footprints of the request's containers that the Response object echoes (a `text.format` schema, a
-    `tool_choice`...: up to `max_json_values` values), measured in slices; `ResponseState` takes them as
-    known rather than walking them at once. The tools are measured apart (`tools_held`). Only the fields the
-    request set (`given`) are looked at: every other one echoes a default, measured once (`ECHO_DEFAULT_SIZES`)."""
-    held: dict[int, int] = {}
+def _echoed_parts(echoed: dict[str, Any], given: Iterable[str]) -> list[dict[str, Any] | list[Any]]:
+    """The request's containers that the Response object echoes (a `text.format` schema, a `tool_choice`...: up to
+    `max_json_values` values), to be measured in slices; `ResponseState` takes their footprints as known rather
+    than walking them at once. The tools are measured apart. Only the fields the request set (`given`) are looked
+    at: every other one echoes a default, measured once (`ECHO_DEFAULT_SIZES`)."""
+    parts: list[dict[str, Any] | list[Any]] = []
     for name in given:
         value = echoed[name]
         if name == "tools" or not isinstance(value, (dict, list)):
             continue
-        parts = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
-        for part in parts:  # text and reasoning: fresh dicts, merged over the defaults
-            if isinstance(part, (dict, list)) and id(part) not in ECHO_DEFAULT_SIZES and id(part) not in held:
-                held[id(part)] = await footprint_in_slices(part)
-    return held
+        nested = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
+        for part in nested:  # text and reasoning: fresh dicts, merged over the defaults
+            if isinstance(part, (dict, list)) and id(part) not in ECHO_DEFAULT_SIZES:
+                parts.append(part)
+    return parts
 
 
-async def _tools_held(tools: list[dict[str, Any]] | None, previous: ResponseState | None) -> int | None:
-    """The request's tools' footprint, walked in slices (up to `max_json_values` values: ~100 ms in one go),
-    unless the state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
-    if not tools or (previous is not None and previous.tools == tools):
-        return None
-    return await footprint_in_slices(tools)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHeld:
-    """Footprints measured while the turn is prepared, for its `ResponseState`."""
+class RequestHeld(NamedTuple):
+    """Footprints measured while the turn is prepared, for its `ResponseState` (a named tuple: a frozen
+    dataclass's `__init__` costs thousands of instructions, a field set through `object.__setattr__` each)."""
 
     tools: int | None
     """The request's tools (None: not measured, e.g. the previous state's list is kept)."""
@@ -232,5 +222,17 @@ async def request_held(
     request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any], given: Iterable[str]
 ) -> RequestHeld:
     """Walk the request's tools and echoed containers (`echoed`, `given`: its `echo_of`) in slices that let other
-    connections run."""
-    return RequestHeld(await _tools_held(request.tools, previous), await _echoed_held(echoed, given))
+    connections run (up to `max_json_values` values each: ~100 ms in one go). The tools are not walked when the
+    state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
+    tools = request.tools
+    if tools and previous is not None and previous.tools == tools:
+        tools = None
+    parts = _echoed_parts(echoed, given)
+    if not tools and not parts:
+        return RequestHeld(None, {})
+    tools_held = await footprint_in_slices(tools) if tools else None
+    held: dict[int, int] = {}
+    for part in parts:
+        if id(part) not in held:
+            held[id(part)] = await footprint_in_slices(part)
+    return RequestHeld(tools_held, held)

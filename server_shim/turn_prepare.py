@@ -13,7 +13,7 @@ from collections.abc import Set
 
 from .backends.chat_convert import render_items
 from .callids import with_calls
-from .checks import prepare_checks
+from .checks import CheckOutcome, prepare_checks
 from .compaction import expand_compactions
 from .errors import model_not_found
 from .events import echo_of
@@ -44,9 +44,10 @@ async def plan_turn(
     if large:
         await asyncio.sleep(0)  # a large request gives way between its passes over the items
     started = stages.clock()
-    await run_validators(env.validators, new_items, previous, request)
+    if env.validators:  # a coroutine awaited costs ~1,000 instructions, even one with nothing to do
+        await run_validators(env.validators, new_items, previous, request)
     validated = stages.clock()
-    labels = await run_classifiers(env.classifiers, new_items)
+    labels = await run_classifiers(env.classifiers, new_items) if env.classifiers else {}
     result.plugin_s = {"validator": validated - started, "classifier": stages.clock() - validated}
     stages.mark("validate")
     expanded = resolve_references(new_items, previous.output_items if previous else [])
@@ -56,13 +57,13 @@ async def plan_turn(
     prior_checks = previous.checks if previous else {}
     prior_output = previous.output_items if previous else []
     checked = stages.clock()
-    outcome, later = await prepare_checks(
-        env.checks(request.model),
-        prior_checks,
-        prior_output,
-        new_items,
-        overlap=env.overlap_checks,
-    )
+    model_checks = env.checks(request.model)
+    if model_checks:
+        outcome, later = await prepare_checks(
+            model_checks, prior_checks, prior_output, new_items, overlap=env.overlap_checks
+        )
+    else:  # what `prepare_checks` makes of no checks
+        outcome, later = CheckOutcome(items=list(new_items)), []
     new_items = outcome.items
     result.plugin_s["check"] = stages.clock() - checked
     sticky = previous.deployment if previous else None
@@ -77,7 +78,7 @@ async def plan_turn(
     result.new_items = len(new_items)
     new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
     batch = tuple(new_items)
-    history = base.extend(batch, await batch_held(batch, large))
+    history = base.extend(batch, await batch_held(batch) if large else None)
     check_conversation_bytes(history.items_held, env.limits)  # the items, whichever backend renders them
     if large:
         await asyncio.sleep(0)
