@@ -31,31 +31,20 @@ from .turn_prepare import plan_turn
 log = logging.getLogger(__name__)
 
 
-class _closing:
-    """`contextlib.aclosing` of each distinct generator layer, outermost first, as nested ones close them (each
-    one whichever raises): restoring calls and gating on checks are most often no layer at all (the backend's
-    stream itself), and a turn then closes that one once rather than three times."""
-
-    __slots__ = ("_layers",)
-
-    def __init__(self, *layers: AsyncGenerator[Any, None]) -> None:
-        self._layers = layers
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await _close_layers(self._layers)
-
-
-async def _close_layers(layers: tuple[AsyncGenerator[Any, None], ...]) -> None:
-    layer, *inner = layers
+async def _close_layers(
+    deltas: AsyncGenerator[Any, None], restored: AsyncGenerator[Any, None], raw: AsyncGenerator[Any, None]
+) -> None:
+    """Close the backend stream's layers outermost first, each whichever raises, as nested `contextlib.aclosing`s
+    would; restoring calls and gating on checks are most often no layer at all (the stream itself), closed once."""
     try:
-        await layer.aclose()
+        if deltas is not restored:
+            await deltas.aclose()
     finally:
-        rest = tuple(other for other in inner if other is not layer)
-        if rest:
-            await _close_layers(rest)
+        try:
+            if restored is not raw:
+                await restored.aclose()
+        finally:
+            await raw.aclose()
 
 
 class Turn:
@@ -146,7 +135,7 @@ class Turn:
                     raw = self.env.backend.stream(plan.backend_request(self.request, self.connection_id, stages))
                     restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
                     deltas = gated(restored, checks)
-                    async with _closing(deltas, restored, raw):
+                    try:
                         async for delta in deltas:
                             if isinstance(delta, (Carry, Routed)):
                                 plan.route(delta)
@@ -161,6 +150,8 @@ class Turn:
                             if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
                                 steered = True  # a safe output boundary: stop here, the successor takes the input
                                 break
+                    finally:
+                        await _close_layers(deltas, restored, raw)
                 except CheckRefused as refused:
                     failure = refused.error
                 except BackendError as exc:

@@ -158,15 +158,22 @@ class TurnResult:
     """The caller's W3C trace context (`traceparent`, `tracestate`), when tracing is on."""
 
 
+def cached_previous(previous_id: str | None, cache: ConnectionCache | None) -> ResponseState | None:
+    """The state a turn continues when the connection's cache has it (the common case: nothing to await)."""
+    state = cache.get(previous_id) if cache is not None and previous_id is not None else None
+    if state is not None:
+        metrics.add(_CACHE_HITS)
+    return state
+
+
 async def resolve_previous(
     previous_id: str | None, cache: ConnectionCache | None, env: TurnEnv, tenant: str | None
 ) -> ResponseState | None:
     """The state a turn continues: the connection's cache first, then the store (this tenant's only)."""
     if previous_id is None:
         return None
-    state = cache.get(previous_id) if cache is not None else None
+    state = cached_previous(previous_id, cache)
     if state is not None:
-        metrics.add(_CACHE_HITS)
         return state
     state = await env.store.load(previous_id, tenant)
     metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
@@ -218,18 +225,20 @@ class RequestHeld(NamedTuple):
     """The other request containers the Response echoes, by `id`."""
 
 
-async def request_held(
+def request_walks(
     request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any], given: Iterable[str]
-) -> RequestHeld:
-    """Walk the request's tools and echoed containers (`echoed`, `given`: its `echo_of`) in slices that let other
-    connections run (up to `max_json_values` values each: ~100 ms in one go). The tools are not walked when the
-    state keeps the previous state's equal list (`shared_tools`) and its footprint with it."""
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any] | list[Any]]]:
+    """What `request_held` walks: the request's tools (None when the state keeps the previous state's equal list,
+    `shared_tools`, and its footprint with it) and its echoed containers (`echoed`, `given`: its `echo_of`)."""
     tools = request.tools
     if tools and previous is not None and previous.tools == tools:
         tools = None
-    parts = _echoed_parts(echoed, given)
-    if not tools and not parts:
-        return RequestHeld(None, {})
+    return tools or None, _echoed_parts(echoed, given)
+
+
+async def request_held(tools: list[dict[str, Any]] | None, parts: list[dict[str, Any] | list[Any]]) -> RequestHeld:
+    """The footprints of `request_walks`' tools and containers, walked in slices that let other connections run
+    (up to `max_json_values` values each: ~100 ms in one go)."""
     tools_held = await footprint_in_slices(tools) if tools else None
     held: dict[int, int] = {}
     for part in parts:

@@ -25,7 +25,18 @@ from .safety import run_classifiers, run_validators
 from .state import ConnectionCache
 from .tools import plan_tools
 from .truncation import fit_history
-from .turn_plan import TurnEnv, TurnPlan, TurnResult, batch_held, request_held, resolve_previous, served_models
+from .turn_plan import (
+    RequestHeld,
+    TurnEnv,
+    TurnPlan,
+    TurnResult,
+    batch_held,
+    cached_previous,
+    request_held,
+    request_walks,
+    resolve_previous,
+    served_models,
+)
 
 
 async def plan_turn(
@@ -35,7 +46,10 @@ async def plan_turn(
     if not env.serves_model(request.model):
         raise model_not_found(request.model, await served_models(env.backend))
     stages = result.stages
-    previous = await resolve_previous(request.previous_response_id, cache, env, tenant)
+    previous_id = request.previous_response_id
+    previous = cached_previous(previous_id, cache)
+    if previous is None and previous_id is not None:
+        previous = await resolve_previous(previous_id, cache, env, tenant)
     stages.mark("resolve")
     new_items = expand_compactions(normalize_input(request.input), env.compaction_key, tenant, env.limits)
     known_calls: Set[str] = previous.call_ids if previous else frozenset()
@@ -84,6 +98,7 @@ async def plan_turn(
         await asyncio.sleep(0)
     sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
     echoed, given = echo_of(request)
+    tools_walked, parts_walked = request_walks(request, previous, echoed, given)
     plan = TurnPlan(
         new_items=new_items,
         tools=tools.chat,
@@ -97,7 +112,7 @@ async def plan_turn(
         labels=labels | outcome.labels,
         base_held=base.held,
         echoed=echoed,
-        held=await request_held(request, previous, echoed, given),
+        held=await request_held(tools_walked, parts_walked) if tools_walked or parts_walked else RequestHeld(None, {}),
         checks=outcome,
         prior_checks=prior_checks,
         prior_output=prior_output,

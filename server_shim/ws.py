@@ -34,6 +34,7 @@ from .ws_frames import (
     idle_error,
     lane_of,
     read_frame,
+    read_frame_now,
     too_large_error,
     with_lane,
 )
@@ -125,7 +126,8 @@ class ResponsesConnection:
     async def _receive_loop(self) -> None:
         while self.state is not ConnectionState.CLOSED:
             self._arm_idle_timer()
-            await self._room.wait()  # backpressure: a client pipelining past the bound is not read from
+            if not self._room.is_set():  # backpressure: a client pipelining past the bound is not read from
+                await self._room.wait()
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
@@ -146,7 +148,9 @@ class ResponsesConnection:
         stream_id, body = None, None
         request: CreateRequest | APIError | str | bytes
         try:
-            body, shape = await read_frame(data, size, self.settings.sliced_parse_bytes, self.shim.env.limits)
+            limits = self.shim.env.limits
+            read = read_frame_now(data, size, self.settings.sliced_parse_bytes, limits)
+            body, shape = read or await read_frame(data, size, self.settings.sliced_parse_bytes, limits)
             if body["type"] == "response.steer":  # answered at once, whatever the lanes are doing
                 await self.send(self.steering.submit(body))
                 return

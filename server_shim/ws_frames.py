@@ -50,6 +50,17 @@ async def read_frame(
     return _event(body), shape
 
 
+def read_frame_now(
+    data: str | bytes, nbytes: int, slice_from: int, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], Shape] | None:
+    """`read_frame` with nothing to await (`json_slices.load_settled`: the usual frame); None: `read_frame` it."""
+    try:
+        settled = json_slices.load_settled(data, nbytes, slice_from, limits.max_json_values, limits.max_json_depth)
+    except JSONDecodeError as exc:
+        raise _not_json(exc) from None
+    return None if settled is None else (_event(settled[0]), settled[1])
+
+
 def _not_json(exc: JSONDecodeError) -> APIError:
     return invalid("invalid_json", f"The frame is not valid JSON: {exc}.")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocketDisconnect
 
@@ -43,7 +43,9 @@ async def run_turn(
     finally:
         conn.shim.limiter.release(conn.tenant)
     if slot is not None:
-        await _after_steerable(conn, turn, slot, stream_id)
+        events, successor = conn.steering.end(slot, turn.result.response)
+        if events or successor:  # most responses: nothing was steered, nothing to await
+            await _after_steerable(conn, turn, events, successor, stream_id)
 
 
 async def _stream_turn(
@@ -80,9 +82,10 @@ async def _stream_turn(
     return turn, slot
 
 
-async def _after_steerable(conn: ResponsesConnection, turn: Turn, slot: SteerSlot, stream_id: str | None) -> None:
+async def _after_steerable(
+    conn: ResponsesConnection, turn: Turn, events: list[dict[str, Any]], successor: list[Steer], stream_id: str | None
+) -> None:
     """Steering queued while the response ran: pending events, or the automatic successor."""
-    events, successor = conn.steering.end(slot, turn.result.response)
     for event in events:
         await conn.send(event)
     if successor:

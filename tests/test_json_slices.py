@@ -249,3 +249,31 @@ def test_a_large_refused_body_is_freed_a_slice_at_a_time():
             freeing.send(None)  # each `asyncio.sleep(0)` hands control back here
             pauses += 1
     assert pauses >= 18 and len(body["input"]) <= DISPOSE_CHUNK and len(body["metadata"]["k"]) <= DISPOSE_CHUNK
+
+
+@EXAMPLES
+@given(
+    value=values,
+    style=st.integers(0, 3),
+    threshold=st.sampled_from([0, 8, 4096]),
+    limits=st.tuples(st.sampled_from([4, 64, 100_000]), st.sampled_from([2, 8, 64])),
+)
+def test_a_document_loaded_without_awaiting_is_what_load_measured_gives(value, style, threshold, limits):
+    """`load_settled` (what a frame's first reading tries before awaiting) answers only what `load_measured` would,
+    the same document and shape; None leaves it to `load_measured`."""
+    import asyncio
+
+    from server_shim.json_shape import TooManyValues
+
+    text = serialized(value, style)
+    settled = json_slices.load_settled(text, len(text), threshold, *limits)
+    try:
+        measured = asyncio.run(json_slices.load_measured(text, len(text), threshold, *limits))
+    except TooManyValues:
+        assert settled is None
+        return
+    if settled is not None:
+        assert same(settled[0], measured[0]) and settled[1] == measured[1]
+    small = not json_slices.parse_in_slices(len(text), threshold) and 0 < len(text) < limits[0]
+    if small and text.count("[") + text.count("{") <= limits[1]:
+        assert settled is not None, "a small, shallow document is read without awaiting"
