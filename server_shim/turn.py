@@ -172,7 +172,12 @@ class Turn:
                     return
             counted = await plan.counting.result() if counter is not None else None
             reason = self._outcome(plan, checks, steered, counted)
-            if closed := assembler.close("incomplete" if reason == "max_output_tokens" else "completed"):
+            closed = assembler.close("incomplete" if reason == "max_output_tokens" else "completed")
+            if not plan.echoed["store"]:  # nothing to wait for before the end (`request.stores`): one batch
+                closed.append(await self._complete(plan, reason))
+                yield closed
+                return
+            if closed:
                 yield closed  # before the end, which waits for the store
             yield [await self._complete(plan, reason)]
         finally:
