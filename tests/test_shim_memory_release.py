@@ -445,3 +445,15 @@ def test_metric_children_for_labels_known_at_start_up_exist_before_any_turn(make
     assert ("responses_ws_cache_lookups_total", (("result", "hit"),)) in samples
     assert ("responses_ws_turn_stage_seconds_count", (("stage", "backend_ttft"),)) in samples
     assert ("responses_ws_received_bytes_total", (("transport", "http"),)) in samples
+
+
+@pytest.mark.timeout(180)
+async def test_a_bare_serve_gives_the_memory_of_a_burst_of_clients_back(tmp_path):
+    """The load target (README, Load) at a small level: 200 WebSocket clients x 3 chained turns against a bare
+    `responses-ws serve` in a child process (no PYTHONMALLOC: it runs itself on the C allocator), RSS back within
+    10% of idle. This level measured +4% (twice) on the C allocator, +15% (twice) with PYTHONMALLOC=pymalloc."""
+    from benchmarks.load import level
+
+    result = await level(tmp_path, clients=200, turns=3, allocator="default", settle_s=5.0)
+    assert result["errors"] == 0 and result["turns"] == 600
+    assert result["rss_after_over_idle"] <= 1.10, result
