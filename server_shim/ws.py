@@ -53,7 +53,8 @@ FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
 """ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
 `writable()`, true while a send will not wait for the peer (so it needs no timeout), and
 `send_texts(frames)`, which queues a text frame for each of a list of UTF-8 byte strings at once (only
-while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`."""
+while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`.
+The app may add `on_text(text) -> bool`: a whole text frame offered as it is read, before the ASGI queue (True: taken)."""
 
 
 class ConnectionState(enum.Enum):
@@ -101,15 +102,21 @@ class ResponsesConnection:
         protocol = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {})
         self._writable = protocol.get("writable")
         self._send_now = protocol.get("send_texts") if self._writable is not None else None
+        self._protocol = protocol
+        self._parked = False
+        """The receive loop waits for the next frame (`frame_now` may take it)."""
 
     async def run(self) -> None:
         await self.websocket.accept()
+        if self._send_now is not None:  # the app's own send and receive (see `app.ShimApp`): frames may skip the loop
+            self._protocol["on_text"] = self.frame_now
         age_limit = asyncio.get_running_loop().call_later(
             self.settings.connection_max_age_s, self._start_close, CLOSE_GOING_AWAY, age_limit_error()
         )
         try:
             await self._receive_loop()
         finally:
+            self._protocol.pop("on_text", None)
             age_limit.cancel()
             if self._idle is not None:
                 self._idle.cancel()
@@ -128,7 +135,11 @@ class ResponsesConnection:
             self._arm_idle_timer()
             if not self._room.is_set():  # backpressure: a client pipelining past the bound is not read from
                 await self._room.wait()
-            message = await self.websocket.receive()
+            self._parked = True
+            try:
+                message = await self.websocket.receive()
+            finally:
+                self._parked = False
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
@@ -166,17 +177,61 @@ class ResponsesConnection:
             await asyncio.sleep(0)
             if not isinstance(request, CreateRequest):
                 await json_slices.dispose(body)
+        if self._lane_limited(stream_id):
+            message = f"At most {self.settings.max_lanes} stream_id lanes may be active on one connection."
+            limit = APIError(400, "websocket_stream_limit_reached", message, "stream_id")
+            await self.send(with_lane(limit.event(), stream_id))
+            return
+        self._enqueue(stream_id, request, size)
+
+    def frame_now(self, text: str) -> bool:
+        """A text frame as the protocol reads it (`ws_protocol`), while the receive loop waits with nothing queued
+        for it: the usual `response.create` (small, valid, on a lane it may use, leaving room) is queued on its
+        lane here, without waking the receive loop for it (a loop iteration and its task step per request).
+        False, having changed nothing: anything else, which the receive loop then gets as before."""
+        if not self._parked or self.state is not ConnectionState.OPEN or not self._room.is_set():
+            return False
+        size = frame_nbytes(text)
+        queued = self.queued
+        if (
+            size > self.settings.max_frame_bytes
+            or is_large(nbytes=size)
+            or queued.requests + 1 >= queued.max_requests
+            or queued.nbytes + size >= queued.max_bytes  # so this request leaves room, as the loop would
+        ):
+            return False
+        limits = self.shim.env.limits
+        try:
+            read = read_frame_now(text, size, self.settings.sliced_parse_bytes, limits)
+            if read is None or read[0]["type"] != "response.create":
+                return False
+            body, shape = read
+            stream_id = check_stream_id(body.get("stream_id"))
+            if self._lane_limited(stream_id):
+                return False
+            request = (
+                text if self._waits(stream_id) else parse_create(body, websocket=True, limits=limits, depth=shape.depth)
+            )
+        except APIError:
+            return False  # refused by the receive loop, in lane order
+        self._waiting_since = self._loop.time()  # the receive loop would take it and wait again from now
+        self.shim.stats.bytes_received += size
+        metrics.add(_BYTES_RECEIVED, size)
+        self._enqueue(stream_id, request, size)
+        return True
+
+    def _lane_limited(self, stream_id: str | None) -> bool:
+        """Whether `stream_id` would be a lane beyond `max_lanes`."""
+        return (
+            stream_id is not None
+            and stream_id not in self._lanes
+            and sum(k is not None for k in self._lanes) >= self.settings.max_lanes
+        )
+
+    def _enqueue(self, stream_id: str | None, request: CreateRequest | APIError | str | bytes, size: int) -> None:
+        """`request` on its lane, the lane's worker started when it has none."""
         lane = self._lanes.get(stream_id)
         if lane is None:
-            if stream_id is not None and sum(k is not None for k in self._lanes) >= self.settings.max_lanes:
-                limit = APIError(
-                    400,
-                    "websocket_stream_limit_reached",
-                    f"At most {self.settings.max_lanes} stream_id lanes may be active on one connection.",
-                    "stream_id",
-                )
-                await self.send(with_lane(limit.event(), stream_id))
-                return
             lane = self._lanes[stream_id] = _Lane()
             metrics.add(metrics.LANES, 1)
         lane.queue.append((request, size))

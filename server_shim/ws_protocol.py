@@ -71,6 +71,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self._corked: list[bytes] = []
         self._corked_bytes = 0
+        self._extension: dict[str, Any] = {}
 
     async def send(self, message: ASGISendEvent) -> None:
         if message["type"] == "websocket.send" and self.handshake_complete and not self.close_sent:
@@ -148,8 +149,23 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         if payload is None:
             super().data_received(data)
             return
+        if data[0] == 0x81 and self._offered(payload):
+            return
         self.curr_msg_data_type, self.frames = _DATA_KINDS[data[0]], [payload]
         self.send_receive_event_to_app()  # decodes text (1007 when not UTF-8), as uvicorn's handle_text does
+
+    def _offered(self, payload: bytes) -> bool:
+        """Whether the app took a text frame as it was read (`on_text`, see `ws.FORCE_CLOSE_EXTENSION`): only with
+        no message waiting for it in the queue (frames stay in order), and valid UTF-8 (else the queue's path
+        closes with 1007)."""
+        on_text = self._extension.get("on_text")
+        if on_text is None or not self.queue.empty():
+            return False
+        try:
+            text = payload.decode()
+        except UnicodeDecodeError:
+            return False
+        return bool(on_text(text))
 
     def _whole_frame(self, data: bytes) -> bytes | None:
         """The unmasked payload when `data` is exactly one whole final text or binary frame the parser would
@@ -211,7 +227,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][FORCE_CLOSE_EXTENSION] = {
+            self._extension = scope["extensions"][FORCE_CLOSE_EXTENSION] = {
                 "close": self.force_close,
                 "writable": self.writable.is_set,
                 "send_texts": self.send_texts_now,

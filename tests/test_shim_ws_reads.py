@@ -151,3 +151,37 @@ async def test_an_unmasked_frame_closes_with_1002(server):
     async with RawSocket(ws_url(server)) as ws:
         await ws.write(Frame(Opcode.TEXT, create(input="hi")).serialize(mask=False))
         assert await ws.close_code() == 1002
+
+
+async def test_a_whole_create_frame_is_queued_as_it_is_read_and_every_other_frame_goes_through_the_receive_loop(
+    server, monkeypatch
+):
+    """`ResponsesConnection.frame_now`: a whole, valid `response.create` read alone is queued on its lane from the
+    protocol's read, without waking the receive loop; anything else (bad JSON, two frames in one read) goes
+    through the loop as before, and requests on a lane still run in the order they were sent."""
+    from server_shim.ws import ResponsesConnection
+
+    offered: list[bool] = []
+    original = ResponsesConnection.frame_now
+
+    def spy(self: ResponsesConnection, text: str) -> bool:
+        offered.append(original(self, text))
+        return offered[-1]
+
+    monkeypatch.setattr(ResponsesConnection, "frame_now", spy)
+    async with RawSocket(ws_url(server)) as ws:
+        await ws.write(masked(create(input="one")))
+        first = completed_id(await ws.events_until_done())
+        assert offered == [True]
+        await ws.write(masked(b'{"type": "response.create", "model": '))
+        error = (await ws.events_until_done())[-1]
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_json"
+        assert offered == [True, False]
+        await ws.write(masked(create(input="a", previous_response_id=first)), masked(create(input="b")), pause=0.01)
+        a, b = await ws.events_until_done(), await ws.events_until_done()
+        assert a[-1]["response"]["previous_response_id"] == first and b[-1]["response"]["previous_response_id"] is None
+        assert offered[2] is True  # the second may find the first still running: queued on its lane behind it
+        await ws.write(masked(create(input="x")) + masked(create(input="y")))  # two in one read: the parser's
+        completed_id(await ws.events_until_done())
+        completed_id(await ws.events_until_done())
+        assert len(offered) == 4
