@@ -1,12 +1,14 @@
 """Instructions per chained turn in the router and the simulated backend alone, counted by valgrind (callgrind).
 
-    python -m benchmarks.backend_instructions [CHECKOUT ...] [--turns 500] [--modes router,simulated,null]
+    python -m benchmarks.backend_instructions [CHECKOUT ...] [--turns 500] [--modes router,simulated,null,driver]
+        [--keep DIR]
 
 `benchmarks.instructions` counts a whole WebSocket turn, whose count moves by ~10-30k between
 runs on a loaded machine (how many frames one read returns, timers that fire): more than a
 change to one stage saves. This counts only `Router.stream` over a `SimulatedBackend` (mode
 `router`), the simulator alone (`simulated`), or the router over a backend that yields the same
-three deltas and does nothing else (`null`), in one process with no I/O, on a chained 1-token
+three deltas and does nothing else (`null`), or that backend alone (`driver`: what the loop that
+drives them costs, to subtract), in one process with no I/O, on a chained 1-token
 conversation: each turn's input is the history's newest batch, its reply the next one, as the
 turn pipeline hands them (their footprints given, as the pipeline measures them beforehand: the
 count is the backend's and the router's, plus the loop that drives them). Counting starts after 20 warm-up turns and stops after `--turns`
@@ -21,13 +23,14 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 WARM_UP_TURNS = 20
-MODES = ("router", "simulated", "null")
+MODES = ("router", "simulated", "null", "driver")
 
 
 async def _turns(mode: str, turns: int, ready: bool) -> None:
@@ -51,9 +54,9 @@ async def _turns(mode: str, turns: int, ready: bool) -> None:
     routing = RoutingConfig()
     simulated = SimulatedBackend()
     health = Health(routing.failure_threshold, routing.cooldown_s, routing.ewma_alpha)
-    inner = Null() if mode == "null" else simulated
+    inner = Null() if mode in ("null", "driver") else simulated
     deployment = Deployment(name="sim", backend=inner, models={"*": "*"}, health=health)  # type: ignore[arg-type]
-    backend = simulated if mode == "simulated" else Router([deployment], routing)
+    backend = {"simulated": simulated, "driver": inner}.get(mode) or Router([deployment], routing)
     history, sticky = History(), None
 
     async def turn(n: int) -> None:
@@ -90,8 +93,9 @@ async def _turns(mode: str, turns: int, ready: bool) -> None:
         sys.stdin.readline()
 
 
-def count(checkout: Path, mode: str, turns: int) -> float:
-    """Instructions per turn of `mode` with `checkout`'s server_shim, instrumented only while the turns run."""
+def count(checkout: Path, mode: str, turns: int, keep: Path | None = None) -> float:
+    """Instructions per turn of `mode` with `checkout`'s server_shim, instrumented only while the turns run
+    (the callgrind output copied to `keep`)."""
     with tempfile.TemporaryDirectory(prefix="responses-ws-backend-instructions-") as scratch:
         out = Path(scratch) / "cg.out"
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
@@ -116,6 +120,9 @@ def count(checkout: Path, mode: str, turns: int) -> float:
             finally:
                 if proc.poll() is None:
                     proc.kill()
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out, keep)
         found = re.search(r"Collected : (\d+)", err)
         if found is None:
             raise RuntimeError(f"no instruction count from valgrind: {err[-2000:]}")
@@ -128,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("checkouts", nargs="*", type=Path, default=[Path.cwd()])
     parser.add_argument("--turns", type=int, default=500)
-    parser.add_argument("--modes", default=",".join(MODES), help="router, simulated and/or null, comma-separated")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="router, simulated, null and/or driver, comma-separated"
+    )
+    parser.add_argument("--keep", type=Path, help="keep each callgrind output in this directory")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--no-wait", action="store_true", help=argparse.SUPPRESS)  # a child run without valgrind
     args = parser.parse_args(argv)
@@ -136,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_turns(args.child, args.turns, ready=not args.no_wait))
         return 0
     for mode in args.modes.split(","):
-        for checkout in args.checkouts:
-            per_turn = count(checkout.resolve(), mode, args.turns)
+        for i, checkout in enumerate(args.checkouts):
+            keep = None if args.keep is None else args.keep / f"{mode}-{i}.callgrind"
+            per_turn = count(checkout.resolve(), mode, args.turns, keep)
             print(f"{mode:>9} {checkout}: {per_turn:,.0f} instructions per turn", flush=True)
     return 0
 

@@ -372,7 +372,7 @@ def test_frameworks_suite_runs_each_frameworks_agent_over_http_and_websocket(tmp
             assert _is_stats(figures["turn_ms"]) and figures["turn_ms"]["n"] == turns * result["config"]["repeats"]
 
 
-@pytest.mark.parametrize("mode", ["router", "simulated", "null"])
+@pytest.mark.parametrize("mode", ["router", "simulated", "null", "driver"])
 def test_the_backend_instructions_child_runs_its_chained_turns(mode: str) -> None:
     """What `benchmarks.backend_instructions` counts under callgrind, run here without it (no valgrind needed)."""
     from benchmarks.backend_instructions import main

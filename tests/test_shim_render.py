@@ -9,7 +9,14 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
-from server_shim.backends.chat_convert import ChatPrompt, encode, fragments_held, render_items, renders
+from server_shim.backends.chat_convert import (
+    SEGMENT_HELD,
+    ChatPrompt,
+    encode,
+    fragments_held,
+    render_items,
+    renders,
+)
 from server_shim.footprint import footprint
 
 MESSAGE = TypeAdapter(ChatCompletionMessageParam)
@@ -179,10 +186,34 @@ def test_whether_a_batch_renders_is_known_without_rendering_it(batch):
 def test_a_segments_size_and_held_bytes_are_what_its_fragments_take():
     prompt = chained(AGENT_LOOP)
     node = prompt
+    sizes = set()
     while node is not None:
         assert node.own_nbytes == sum(len(f) + 1 for f in node.own_fragments)
         assert fragments_held(node.own_fragments) == footprint(node.own_fragments)
+        parent_held = node.parent.held if node.parent is not None else 0
+        assert node.held - parent_held == SEGMENT_HELD + footprint(node.own_fragments)
+        sizes.add(len(node.own_fragments))
         node = node.parent
+    assert 1 in sizes and max(sizes) > 1, "segments of one message and of several"
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        AGENT_LOOP,
+        [[user("hi")], [assistant("a")], [user("b"), {"role": "developer", "content": "c"}], [{"type": "reasoning"}]],
+    ],
+)
+def test_a_batch_extends_a_prompt_as_its_rendered_messages_do(batches):
+    by_items, by_messages = ChatPrompt(), ChatPrompt()
+    for batch in batches:
+        by_items, by_messages = by_items.extend_items(batch), by_messages.extend(render_items(batch))
+        assert (by_items.count, by_items.nbytes, by_items.held) == (
+            by_messages.count,
+            by_messages.nbytes,
+            by_messages.held,
+        )
+        assert by_items == by_messages
 
 
 def test_a_long_chain_holds_each_message_once_and_reads_back_in_order():

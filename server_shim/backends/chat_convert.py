@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from orjson import OPT_SORT_KEYS, dumps
 
 from ..history import History, Item
 from ..tools import NAMESPACE_SEPARATOR, chat_tool_choice, chat_tools
@@ -57,16 +58,34 @@ class ChatPrompt:
     """Memory the whole chain holds (see `footprint`), for the byte bounds of the cache and the store."""
 
     def extend(self, messages: list[Message]) -> ChatPrompt:
-        if not messages:
-            return self
+        if len(messages) != 1:
+            return self._extend_many(messages) if messages else self
+        return self._extend_one(messages[0])
+
+    def extend_items(self, items: Sequence[Item]) -> ChatPrompt:
+        """This prompt and then the messages of one batch of items (what `History.rendering` extends by)."""
+        if len(items) == 1 and items[0].get("type", "message") == "message":
+            return self._extend_one(_chat_message(items[0]))  # most batches: a user's input or a reply
+        return self.extend(render_items(items))
+
+    def _extend_one(self, message: Message) -> ChatPrompt:
         # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
-        fragments = tuple([bytes(memoryview(encode(m))) for m in messages])
+        fragment = bytes(memoryview(dumps(message, option=OPT_SORT_KEYS)))
+        size = len(fragment)  # held as `fragments_held` counts a one-message segment
+        parent = self if self.count else None
+        return ChatPrompt(parent, (fragment,), self.count + 1, self.nbytes + size + 1, self.held + ONE_HELD + size)
+
+    def _extend_many(self, messages: list[Message]) -> ChatPrompt:
+        # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
+        fragments = tuple([bytes(memoryview(dumps(m, option=OPT_SORT_KEYS))) for m in messages])
+        count = len(fragments)
+        size = sum(map(len, fragments))
         return ChatPrompt(
             self if self.count else None,
             fragments,
-            self.count + len(fragments),
-            self.nbytes + sum(map(len, fragments)) + len(fragments),
-            self.held + SEGMENT_HELD + fragments_held(fragments),
+            self.count + count,
+            self.nbytes + size + count,
+            self.held + SEGMENT_HELD + sys.getsizeof(fragments) + count * BYTES_HELD + size,  # `fragments_held`
         )
 
     def _segments(self) -> list[ChatPrompt]:
@@ -118,6 +137,13 @@ EMPTY = ChatPrompt()
 """The rendering of no items, where every history's rendering starts."""
 
 
+BYTES_HELD = b"".__sizeof__()
+"""What a `bytes` object takes beside its bytes (`bytes.__sizeof__` is this plus its length)."""
+
+ONE_HELD = SEGMENT_HELD + sys.getsizeof((b"",)) + BYTES_HELD
+"""A segment of one message, beside the message's bytes."""
+
+
 def fragments_held(fragments: tuple[bytes, ...]) -> int:
     """`footprint(fragments)` without its walk: the tuple (with its collector header, as `sys.getsizeof`
     counts it) and each fragment, which is exactly `bytes`."""
@@ -126,11 +152,7 @@ def fragments_held(fragments: tuple[bytes, ...]) -> int:
 
 def chat_prompt(history: History) -> ChatPrompt:
     """The history's chat rendering: the cached one for its longest rendered prefix, extended by the rest."""
-    return history.rendering(RENDERING, EMPTY, _extend)
-
-
-def _extend(prompt: ChatPrompt, batch: Sequence[Item]) -> ChatPrompt:
-    return prompt.extend(render_items(batch))
+    return history.rendering(RENDERING, EMPTY, ChatPrompt.extend_items)
 
 
 def chat_tools_and_choice(request: BackendRequest) -> tuple[list[dict[str, Any]] | None, Any]:

@@ -26,6 +26,7 @@ import re
 import time
 import zlib
 from collections.abc import AsyncGenerator, Iterator
+from itertools import chain, cycle, islice
 from typing import Any
 
 from .base import BackendRequest, Delta, Finish, TextDelta, ToolCallDelta, Usage, encode, estimate_tokens
@@ -38,6 +39,9 @@ MAX_OUTPUT_TOKENS = 32_768
 CHARS_PER_TOKEN = 8
 """Structured output and call arguments stream in pieces of this many characters, one token each."""
 WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ", "token ", "stream ")
+WORD_DELTAS = tuple(TextDelta(word) for word in WORDS)
+"""The text reply's tokens, in turn: a delta is immutable, so every reply streams these same objects."""
+STOPPED, LENGTH, CALLED = Finish("stop"), Finish("length"), Finish("tool_calls")
 
 
 class SimulatedBackend:
@@ -70,19 +74,20 @@ class SimulatedBackend:
         prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
         last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
         call = None if self.guard else _requested_call(request, last)
-        budget = _budget(request)
         cut = False
         if self.guard:
             pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(prompt))])
         elif call:
-            arguments, cut = _bounded(call[1], budget * CHARS_PER_TOKEN)
+            arguments, cut = _bounded(call[1], _budget(request) * CHARS_PER_TOKEN)
             pieces = iter(_call_pieces((call[0], arguments), prompt.count))
         else:
-            structured = _structured(request.options.get("response_format"))
+            response_format = request.options.get("response_format")
+            structured = None if response_format is None else _structured(response_format)
             if structured is None:
-                pieces, cut = _text_pieces(request, last), (request.max_output_tokens or 0) > MAX_OUTPUT_TOKENS
+                asked = request.max_output_tokens
+                pieces, cut = _text_pieces(asked, last), asked is not None and asked > MAX_OUTPUT_TOKENS
             else:
-                text, cut = _bounded(structured, budget * CHARS_PER_TOKEN)
+                text, cut = _bounded(structured, _budget(request) * CHARS_PER_TOKEN)
                 pieces = (TextDelta(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN))
         pacer = _Pacer(self.ttft_s, self.tokens_per_s) if self.ttft_s > 0 or self.tokens_per_s > 0 else None
         output_tokens = 0
@@ -97,7 +102,7 @@ class SimulatedBackend:
         cached_nbytes = prompt.nbytes - _new_nbytes(request, prompt)
         cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
         yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
-        yield Finish("length" if cut else "tool_calls" if call else "stop")
+        yield LENGTH if cut else CALLED if call else STOPPED
 
     def _guard_verdict(self, prompt: ChatPrompt) -> str:
         users = [m for m in prompt.messages if m["role"] == "user"]
@@ -155,15 +160,13 @@ def _bounded(chunks: Iterator[str], limit: int) -> tuple[str, bool]:
     return "".join(parts), False
 
 
-def _text_pieces(request: BackendRequest, last: Message | None) -> Iterator[Delta]:
-    """Generated as streamed, never all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
-    count = request.max_output_tokens if request.max_output_tokens is not None else DEFAULT_TOKENS
-    count = min(count, MAX_OUTPUT_TOKENS)
+def _text_pieces(asked: int | None, last: Message | None) -> Iterator[Delta]:
+    """Taken as streamed, never made all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
+    count = max(0, min(DEFAULT_TOKENS if asked is None else asked, MAX_OUTPUT_TOKENS))
     if last is not None and last["role"] == "tool":
-        yield TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
-        count -= 1
-    for i in range(count):
-        yield TextDelta(WORDS[i % len(WORDS)])
+        echo = TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
+        return chain((echo,), islice(cycle(WORD_DELTAS), max(0, count - 1)))
+    return islice(cycle(WORD_DELTAS), count)
 
 
 def _structured(response_format: Any) -> Iterator[str] | None:
@@ -177,6 +180,9 @@ def _structured(response_format: Any) -> Iterator[str] | None:
 
 
 def _requested_call(request: BackendRequest, last: Message | None) -> tuple[str, Iterator[str]] | None:
+    chat = request.chat_tools
+    if chat is not None and chat.tools is None and request.tool_choice is None:
+        return None  # most turns: no tools, nothing to call (the turn checked the choice against them)
     tools, choice = chat_tools_and_choice(request)
     if not tools:
         return None
