@@ -16,7 +16,6 @@ from pydantic import BaseModel
 
 from .backends.base import Delta, Finish, TextDelta, ToolCallDelta, Usage
 from .event_frames import MessageFrames, event_tail, response_metadata
-from .requests import field_order, set_fields
 
 Event = dict[str, Any]
 Sent = Event | bytes
@@ -339,9 +338,9 @@ ECHO_DEFAULTS: dict[str, Any] = {
 
 
 @functools.cache
-def _echoed_names(model: type[BaseModel]) -> dict[str, int]:
+def _echoed_names(model: type[BaseModel]) -> tuple[str, ...]:
     """The echoed fields a request model declares, in its order (the order `model_dump` gives them)."""
-    return field_order(name for name in model.model_fields if name in ECHOED_FIELDS)
+    return tuple(name for name in model.model_fields if name in ECHOED_FIELDS)
 
 
 def echoed_fields(request: Any) -> dict[str, Any]:
@@ -359,11 +358,7 @@ def echo_of(request: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     `__getattr__` hook (~350 instructions more than a dict lookup).
     """
     values = request.__dict__
-    given = {
-        name: value
-        for name in set_fields(request, _echoed_names(request.__class__))
-        if (value := values[name]) is not None
-    }
+    given = {name: value for name in _echoed_names(request.__class__) if (value := values[name]) is not None}
     extra = request.__pydantic_extra__
     if extra:
         given.update((k, v) for k, v in extra.items() if k in ECHOED_FIELDS and v is not None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .requests import CreateRequest, field_order, set_fields
+from .requests import CreateRequest
 
 SHIM_FIELDS = frozenset(
     {
@@ -42,8 +42,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _CHAT_AS_IS = ("temperature", "top_p", "prompt_cache_key", "safety_identifier", "user", "service_tier")
 
 
-_FORWARDED = field_order(name for name in CreateRequest.model_fields if name not in SHIM_FIELDS)
-_CHAT_AS_IS_ORDER = field_order(_CHAT_AS_IS)
+_FORWARDED = tuple(name for name in CreateRequest.model_fields if name not in SHIM_FIELDS)
 
 
 def responses_fields(request: CreateRequest) -> dict[str, Any]:
@@ -54,7 +53,7 @@ def responses_fields(request: CreateRequest) -> dict[str, Any]:
     model's `__dict__`: an attribute read on a pydantic model costs ~350 instructions more than a dict's.
     """
     values = request.__dict__
-    fields = {name: value for name in set_fields(request, _FORWARDED) if (value := values[name]) is not None}
+    fields = {name: value for name in _FORWARDED if (value := values[name]) is not None}
     for name, value in (request.__pydantic_extra__ or {}).items():
         if name not in SHIM_FIELDS and value is not None:
             fields[name] = value
@@ -64,7 +63,7 @@ def responses_fields(request: CreateRequest) -> dict[str, Any]:
 def chat_options(request: CreateRequest) -> dict[str, Any]:
     """The same fields for a Chat Completions backend (read from the model's `__dict__`, as `responses_fields`)."""
     values = request.__dict__
-    options = {name: value for name in set_fields(request, _CHAT_AS_IS_ORDER) if (value := values[name]) is not None}
+    options = {name: value for name in _CHAT_AS_IS if (value := values[name]) is not None}
     if values["parallel_tool_calls"] is not None and values["tools"]:
         options["parallel_tool_calls"] = values["parallel_tool_calls"]
     response_format = chat_response_format((values["text"] or {}).get("format"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
 from openai.types.responses import Response
@@ -137,18 +136,6 @@ plainly_valid = shapes.PlainValidator(
     private=lambda: {"_chat_only": {}},
 ).build
 """`CreateRequest.model_validate` for bodies whose every field plainly passes (`request_shapes`), else None."""
-
-
-def set_fields(request: BaseModel, order: Mapping[str, int]) -> list[str]:
-    """The names in `order` that `request` was given (pydantic's fields set), in `order`'s order: every other one
-    holds its default, None for each optional `CreateRequest` field (`plainly_valid` checks that). The set is
-    a handful of names where a model declares dozens: a turn reads only those (C set and sort, no loop)."""
-    return sorted(order.keys() & request.__pydantic_fields_set__, key=order.__getitem__)
-
-
-def field_order(names: Iterable[str]) -> dict[str, int]:
-    """`names` with their positions, for `set_fields`."""
-    return {name: index for index, name in enumerate(names)}
 
 
 def check_text_format(value: dict[str, Any] | None) -> None:

@@ -1,5 +1,5 @@
-"""The request fields a turn reads from only the names the request set (`requests.set_fields`), held to what
-reading every declared field gives: for bodies validated by plain checks, by the model, and copied with updates."""
+"""The request fields a turn reads from the model's `__dict__` (the echo, the backend's fields), held to what
+reading every declared attribute gives: for bodies validated by plain checks, by the model, and copied with updates."""
 
 from __future__ import annotations
 
