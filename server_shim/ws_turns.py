@@ -6,7 +6,6 @@ for each `response.create` once its lane and an in-flight slot are its.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -60,13 +59,16 @@ async def _stream_turn(
     slot: SteerSlot | None = None
     turn.result.trace_carrier = conn.trace_carrier
     try:
-        async with contextlib.aclosing(turn.frames()) as events:
+        events = turn.frames()
+        try:  # `contextlib.aclosing`, without its two coroutines per turn
             async for batch in events:
                 if slot is None and turn.response_id is not None:
                     slot = turn.steering = conn.steering.begin(turn.response_id, stream_id)
                 if not conn.sent_at_once(batch):
                     for event in batch:
                         await conn.send(event)
+        finally:
+            await events.aclose()
     except APIError as error:
         if not steers:
             await conn.send(with_lane(error.event(), stream_id))
