@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from itertools import compress
-from operator import is_, itemgetter
+from operator import is_, itemgetter, not_
 from typing import Any
 
 from .events import ECHO_DEFAULTS
-from .footprint import footprint
+from .footprint import LEAF_SIZE, footprint
 
 NOT_HELD = frozenset(("output", "tools"))
 """Fields a state sizes elsewhere: the output is in the history, the tools are counted with the state's list."""
@@ -47,9 +47,29 @@ _DEFAULT_HELD = tuple(footprint(value) for value in _DEFAULT_VALUES)
 _defaults_of = itemgetter(*_DEFAULT_KEYS)
 
 
+_SCALAR_KEYS = ("id", "object", "status", "model", "created_at", "store", "completed_at")
+"""The scalar fields `response_object` writes beside the echo, in the order `_scalars_held` reads them."""
+_scalars_of = itemgetter(*_SCALAR_KEYS)
+_SCALAR_TYPES = ((str, str, str, str, int, bool, int), (str, str, str, str, int, bool, type(None)))
+_PARTS = ("error", "incomplete_details", "metadata")
+_parts_of = itemgetter(*_PARTS, "usage")
+_STANDARD_FIELDS = len(ECHO_DEFAULTS) + len(_SCALAR_KEYS) + len(_PARTS) + 2  # and output, usage
+_STR, _INT, _DICT = str.__sizeof__, int.__sizeof__, dict.__sizeof__
+_NONE = sys.getsizeof(None)
+_GC_HEAD = sys.getsizeof({}) - _DICT({})
+_EMPTY = {kind: kind.__sizeof__ for kind in (dict, list, tuple)}
+_usage_of = itemgetter("input_tokens", "output_tokens", "total_tokens", "input_tokens_details", "output_tokens_details")
+_input_details_of = itemgetter("cached_tokens", "cache_write_tokens")
+_INTS = frozenset((int,))
+_HOLDER = sys.getsizeof((None,))
+"""The tuple of the response and `others` the definition walks, without `others`."""
+
+
 def response_held(response: dict[str, Any], others: tuple[Any, ...], known: Mapping[int, int] | None) -> int:
     """`footprint((response without its output and tools, *others))`, the defaults it echoes taken as measured.
 
+    A response as `response_object` makes it (its fields and no other, each of the type it writes) is sized
+    field by field (`_standard_held`); any other has its fields that are not defaults walked together.
     `known`: footprints of further containers, by `id` (the request's echoed ones, measured in slices).
     """
     try:
@@ -57,8 +77,95 @@ def response_held(response: dict[str, Any], others: tuple[Any, ...], known: Mapp
     except KeyError:  # not made by `response_object` (every one of those echoes every default field)
         return footprint(({k: v for k, v in response.items() if k not in NOT_HELD}, *others), known)
     same = tuple(map(is_, present, _DEFAULT_VALUES))
+    held = _standard_held(response, present, same, others, known) if len(response) == _STANDARD_FIELDS else None
+    if held is not None:
+        return held
     rest = response.keys() - NOT_HELD - set(compress(_DEFAULT_KEYS, same))
     values = tuple(map(response.__getitem__, rest))
     walked = footprint((values, *others), {**ECHO_DEFAULT_SIZES, **known} if known else ECHO_DEFAULT_SIZES)
     # the dict itself stands in for the tuple of its walked values the walk counted
     return walked - sys.getsizeof(values) + sys.getsizeof(response) + sum(compress(_DEFAULT_HELD, same))
+
+
+def _standard_held(
+    response: dict[str, Any],
+    present: tuple[Any, ...],
+    same: tuple[bool, ...],
+    others: tuple[Any, ...],
+    known: Mapping[int, int] | None,
+) -> int | None:
+    """What a `response_object` response holds, its fields sized by what they are rather than walked: the
+    scalars by their type's `__sizeof__`, `usage` by its fixed shape, leaves and empty containers as they
+    are; what is left (a request's echoed value, a non-empty `metadata`, `carry`...) walked together.
+    None: a field is missing or not of the type `response_object` writes.
+
+    The full walk's figure, unless a container sized apart (`usage`, an empty one) is also held by another
+    part (the shim never builds one): it is then counted once more, so the figure is above the walk's, never
+    below.
+    """
+    try:
+        scalars = _scalars_of(response)
+        *parts, usage = _parts_of(response)
+    except KeyError:
+        return None
+    if tuple(map(type, scalars)) not in _SCALAR_TYPES:
+        return None
+    walk: list[Any] = []
+    total = (
+        _DICT(response)
+        + _GC_HEAD
+        + _HOLDER
+        + len(others) * tuple.__itemsize__  # the tuple the definition walks from, as `footprint` counts it
+        + sum(compress(_DEFAULT_HELD, same))
+        + _scalars_held(*scalars)
+        + _apart((*parts, *others, *compress(present, map(not_, same))), walk)
+    )
+    usage_held = _usage_held(usage)
+    if usage_held is None:
+        walk.append(usage)
+    else:
+        total += usage_held
+    if walk:
+        walked = tuple(walk)
+        total += footprint(walked, known) - sys.getsizeof(walked)
+    return total
+
+
+def _scalars_held(id_: str, object_: str, status: str, model: str, created_at: int, store: bool, completed: Any) -> int:
+    """The scalar fields, each of the exact type `_SCALAR_TYPES` checked (`completed_at` an int or None)."""
+    held = _STR(id_) + _STR(object_) + _STR(status) + _STR(model) + _INT(created_at) + _INT(store)
+    return held + (_NONE if completed is None else _INT(completed))
+
+
+def _apart(values: tuple[Any, ...], walk: list[Any]) -> int:
+    """What the leaves and empty containers among `values` hold; the other values are added to `walk`."""
+    held = 0
+    for value in values:
+        kind = type(value)
+        sizer = LEAF_SIZE.get(kind)
+        if sizer is not None:
+            held += sizer(value)
+        elif kind in _EMPTY and not value:
+            held += _EMPTY[kind](value) + _GC_HEAD
+        else:
+            walk.append(value)
+    return held
+
+
+def _usage_held(usage: Any) -> int | None:
+    """The `usage` dict as `response_object` writes it (five keys, two dicts of details, six ints), sized by
+    its three dicts and six ints; None when it is anything else (None, another shape, a float), to walk."""
+    if type(usage) is not dict or len(usage) != 5:
+        return None
+    try:
+        inputs, outputs, total, input_details, output_details = _usage_of(usage)
+        if type(input_details) is not dict or type(output_details) is not dict:
+            return None
+        if len(input_details) != 2 or len(output_details) != 1:
+            return None
+        counts = (inputs, outputs, total, *_input_details_of(input_details), output_details["reasoning_tokens"])
+    except KeyError:
+        return None
+    if _INTS.issuperset(map(type, counts)):
+        return _DICT(usage) + _DICT(input_details) + _DICT(output_details) + 3 * _GC_HEAD + sum(map(_INT, counts))
+    return None

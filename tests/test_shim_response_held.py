@@ -15,7 +15,9 @@ from typing import Any
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.sizes import footprint_by_definition
 
+from server_shim.backends.base import Usage
 from server_shim.events import response_object
 from server_shim.footprint import footprint
 from server_shim.requests import CreateRequest
@@ -34,9 +36,12 @@ HOSTILE = {
 
 
 def _walked(response: dict[str, Any], others: tuple[Any, ...]) -> int:
-    """The full walk of the response's held fields and `others`, the dict itself counted as it is."""
+    """The full walk of the response's held fields and `others`, the dict itself counted as it is: the
+    definition's (`support.sizes`), and `footprint`'s, which must agree."""
     held = {key: value for key, value in response.items() if key not in NOT_HELD}
-    return footprint((held, *others)) - sys.getsizeof(held) + sys.getsizeof(response)
+    walked = footprint((held, *others)) - sys.getsizeof(held) + sys.getsizeof(response)
+    assert walked == footprint_by_definition((held, *others)) - sys.getsizeof(held) + sys.getsizeof(response)
+    return walked
 
 
 def _response(body: dict[str, Any]) -> dict[str, Any]:
@@ -96,3 +101,65 @@ def test_hostile_echoed_containers_are_bounded_as_tracemalloc_sees_them():
         output = footprint(response["output"])
         assert held - output <= response_held(response, (), None), name
         assert response_held(response, (), None) == _walked(response, ()), name
+
+
+counts = st.integers(0, 2**62)
+usages = st.builds(Usage, counts, counts, counts)
+ended = st.sampled_from([("completed", None), ("incomplete", "max_output_tokens"), ("failed", None)])
+errors = st.none() | st.fixed_dictionaries({"code": st.text(max_size=40), "message": st.text(max_size=300)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bodies,
+    st.none() | usages,
+    ended | st.just(("in_progress", None)),
+    errors,
+    st.dictionaries(st.text(max_size=70), st.text(max_size=40), max_size=5),
+    st.lists(st.text(), max_size=9),
+)
+def test_a_response_sized_field_by_field_is_the_full_walk(body, usage, status, error, checks, calls):
+    """Scalars by type, `usage` by its shape (any counts: 0, small, past 2**30 and 2**60), leaves and empty
+    containers apart: the same figure as walking the whole object, in progress or ended, failed or not."""
+    request = CreateRequest.model_validate(orjson.loads(orjson.dumps(body)))
+    response = response_object(
+        "resp_" + "0" * 32, request, status=status[0], usage=usage, error=error, incomplete_reason=status[1]
+    )
+    others = ({"deployment": "d"} if calls else {}, checks, tuple(calls))
+    assert response_held(response, others, None) == _walked(response, others)
+
+
+@given(st.sampled_from(["float counts", "extra key", "no details", "int subclass", "id not str", "extra field"]))
+def test_a_response_not_as_response_object_makes_it_is_walked_to_the_same_figure(change):
+    class Count(int):
+        pass
+
+    response = response_object("resp_1", CreateRequest(model="m"), status="completed", usage=Usage(3, 4, 1))
+    usage = response["usage"]
+    if change == "float counts":
+        usage["input_tokens"] = 3.0
+    elif change == "extra key":
+        usage["input_tokens_details"]["audio_tokens"] = 0
+    elif change == "no details":
+        usage["output_tokens_details"] = None
+    elif change == "int subclass":
+        usage["total_tokens"] = Count(7)
+    elif change == "id not str":
+        response["id"] = 12
+    else:
+        response["conversation"] = {"id": "conv_1"}
+    assert response_held(response, ({}, {}, ()), None) == _walked(response, ({}, {}, ()))
+
+
+def test_a_container_held_by_two_parts_is_counted_once_for_each_never_less():
+    """The one way the field-by-field figure leaves the walk's: a container two parts share, one of them sized
+    apart (the shim never builds one). It is above the walk's by that container's footprint, not below; parts
+    walked together are counted once, as the walk counts them."""
+    response = response_object("resp_1", CreateRequest(model="m"), status="completed", usage=Usage(3, 4, 1))
+    shared = response["usage"]  # sized by its shape, and walked again as `carry`
+    others = (shared, {}, ())
+    assert response_held(response, others, None) == _walked(response, others) + footprint(shared)
+    response["metadata"] = {"team": "a" * 100}
+    assert response_held(response, (response["metadata"], {}, ()), None) == _walked(
+        response, (response["metadata"], {}, ())
+    )

@@ -403,6 +403,24 @@ def test_footprint_matches_its_definition_on_any_json_like_value_with_shared_par
     check()
 
 
+def test_footprint_matches_its_definition_on_keys_without_length_subclasses_and_empty_dicts():
+    """The walk checks every dict's keys for long ones at the end, all dicts in one pass: a number key, a
+    long key beside it, only empty dicts, and dict/list/tuple subclasses still give the definition's figure."""
+    from collections import OrderedDict, namedtuple
+
+    from server_shim.footprint import footprint
+
+    pair = namedtuple("pair", "a b")
+    for value in (
+        {1: "a", "k" * 70: 2, (1,) * 80: 3},
+        [{}, {}, ()],
+        OrderedDict(k=["x" * 100, {"y" * 65: None}]),
+        pair([1, 2], {"z": 1.5}),
+        {"shared": (shared := {"q": [1]}), "again": [shared]},
+    ):
+        assert footprint(value) == _footprint_by_definition(value), value
+
+
 def test_the_echoed_defaults_known_footprints_give_the_walked_figure():
     """A Response object's shared default fields are sized from `ECHO_DEFAULT_SIZES`, to the same total."""
     from server_shim.events import response_object
