@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from openai import AsyncOpenAI, NotFoundError
+from support.sizes import footprint_by_definition
 from support.wire import API_KEY, MODEL, completed_ok, only_connection, recv_event, run_turn, send_raw, user, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
@@ -360,25 +361,6 @@ async def test_a_frame_of_60k_tiny_items_is_refused_before_anything_holds_it(mak
         assert only_connection(server).cache.nbytes == 0
 
 
-def _footprint_by_definition(value, seen=None):
-    """The definition, recursively: every node's getsizeof, containers once per walk, long str keys."""
-    import sys
-
-    seen = set() if seen is None else seen
-    if not isinstance(value, (dict, list, tuple)):
-        return sys.getsizeof(value)
-    if id(value) in seen:
-        return 0
-    seen.add(id(value))
-    total = sys.getsizeof(value)
-    if isinstance(value, dict):
-        total += sum(sys.getsizeof(k) for k in value if isinstance(k, str) and len(k) > 64)
-        children = list(value.values())
-    else:
-        children = list(value)
-    return total + sum(_footprint_by_definition(c, seen) for c in children)
-
-
 def test_footprint_matches_its_definition_on_any_json_like_value_with_shared_parts():
     from hypothesis import given, settings
     from hypothesis import strategies as st
@@ -398,7 +380,7 @@ def test_footprint_matches_its_definition_on_any_json_like_value_with_shared_par
     @given(values)
     def check(value):
         shared = [value, {"again": value}]
-        assert footprint(shared) == _footprint_by_definition(shared)
+        assert footprint(shared) == footprint_by_definition(shared)
 
     check()
 
@@ -418,7 +400,7 @@ def test_footprint_matches_its_definition_on_keys_without_length_subclasses_and_
         pair([1, 2], {"z": 1.5}),
         {"shared": (shared := {"q": [1]}), "again": [shared]},
     ):
-        assert footprint(value) == _footprint_by_definition(value), value
+        assert footprint(value) == footprint_by_definition(value), value
 
 
 def test_the_echoed_defaults_known_footprints_give_the_walked_figure():
