@@ -194,13 +194,16 @@ class Watch:
             self.kick = None
 
     def token(self, now: float) -> None:
-        """The first token came at `now`: from now on only the total deadline counts."""
+        """The first token came at `now`: from now on only the total deadline counts. A watch still
+        watched stays where it is in the timer (its due time only moves later); one the timer let go
+        of when its first-token deadline passed is watched again."""
         self.first_token_at = now
         deadlines = self.deadlines
         if deadlines.first_token_s < deadlines.total_s:
-            self.expired = False
             self.due = self.started + deadlines.total_s
-            self.timer.add(self)
+            if self.expired:
+                self.expired = False
+                self.timer.add(self)
 
     def close(self) -> None:
         self.waiting = False

@@ -191,6 +191,23 @@ async def test_the_timer_picks_the_watches_past_due_by_its_own_clock_and_the_fir
     timer.handle.cancel()
 
 
+async def test_a_first_token_after_the_first_token_deadline_fired_is_watched_again_until_the_total_one():
+    clock = Clock()
+    timer = Timer(asyncio.get_running_loop(), clock)
+    watch = Watch(Deadlines(first_token_s=5, total_s=20), timer, clock.now)
+    clock.now = 106
+    timer._fire()  # the first-token deadline passed (no read waiting: nothing cancelled)
+    assert watch.expired and watch not in timer.watches
+    watch.token(106)  # a token that came in the same loop step
+    assert not watch.expired and watch in timer.watches and watch.due == 120
+    assert timer.armed_at == 120, "armed again at the total deadline"
+    clock.now = 121
+    assert timer.due(clock.now) == ([watch], math.inf)
+    watch.close()
+    timer.settle()
+    assert timer.handle is None
+
+
 async def test_one_timer_cuts_each_stream_at_its_own_deadline_the_later_one_armed_sooner_included():
     timer = Timer(asyncio.get_running_loop(), time.monotonic)
 
