@@ -222,11 +222,8 @@ class ResponsesConnection:
 
     def _lane_limited(self, stream_id: str | None) -> bool:
         """Whether `stream_id` would be a lane beyond `max_lanes`."""
-        return (
-            stream_id is not None
-            and stream_id not in self._lanes
-            and sum(k is not None for k in self._lanes) >= self.settings.max_lanes
-        )
+        new_named = stream_id is not None and stream_id not in self._lanes
+        return new_named and sum(k is not None for k in self._lanes) >= self.settings.max_lanes
 
     def _enqueue(self, stream_id: str | None, request: CreateRequest | APIError | str | bytes, size: int) -> None:
         """`request` on its lane, the lane's worker started when it has none."""
@@ -263,13 +260,16 @@ class ResponsesConnection:
                 if isinstance(request, APIError):
                     await self.send(with_lane(request.event(), stream_id))
                     continue
-                async with self._in_flight:  # a queued frame is parsed only once it may run
+                await self._in_flight.acquire()  # `async with`, less its two coroutines per request
+                try:  # a queued frame is parsed only once it may run
                     if isinstance(request, str | bytes):
                         request = await self._parsed(request, size)
                     if isinstance(request, APIError):
                         await self.send(with_lane(request.event(), stream_id))
                     else:
                         await run_turn(self, request, stream_id)
+                finally:
+                    self._in_flight.release()
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:
