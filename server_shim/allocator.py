@@ -36,14 +36,12 @@ def allocator_line(c_allocator: bool) -> str:
     keep some of its arenas. The C allocator's free pages go back with the trim (README, "Load").
     """
     if c_allocator:
-        return (
-            "memory: C allocator (PYTHONMALLOC=malloc): memory freed after a burst of clients goes back to the system"
-        )
+        return "memory: C allocator: memory freed after a burst of clients goes back to the system"
     return "memory: Python's allocator (pymalloc) keeps part of a burst's peak RSS; PYTHONMALLOC=malloc gives it back"
 
 
 def c_allocator_environment(
-    environ: Mapping[str, str], *, ignores_environment: bool, trims: bool
+    environ: Mapping[str, str], *, ignores_environment: bool, trims: bool, dev_mode: bool = False
 ) -> dict[str, str] | None:
     """The environment `serve` runs itself again with to get the C allocator, or None to go on as it is.
 
@@ -52,8 +50,10 @@ def c_allocator_environment(
     None when the variable is set to anything (the operator chose: `PYTHONMALLOC=pymalloc` keeps
     Python's allocator), when the interpreter ignores the environment (`-E`, `-I`: the variable would
     not take effect), and where the C library cannot give free pages back (no `malloc_trim`: musl,
-    macOS), where nothing here measured what the C allocator would gain.
+    macOS), where nothing here measured what the C allocator would gain. In development mode (`-X dev`)
+    the C allocator keeps the debug hooks dev mode would have installed (`malloc_debug`: buffer overflows
+    and use-after-free in C extensions are still reported).
     """
     if environ.get("PYTHONMALLOC") or ignores_environment or not trims:
         return None
-    return {**environ, "PYTHONMALLOC": "malloc"}
+    return {**environ, "PYTHONMALLOC": "malloc_debug" if dev_mode else "malloc"}

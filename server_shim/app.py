@@ -35,7 +35,7 @@ from .postinference import PostInference
 from .safety import Classifier, Validator
 from .settings import Settings
 from .state import ConnectionCache, MemoryResponseStore, ResponseStore
-from .tenants import load_keys, scope_tenant
+from .tenants import ApiKey, load_keys, scope_tenant
 from .tokens import counters_by_model
 from .trim import Count, Counts, Trimmer, settle_hooks
 from .turn import Turn
@@ -111,6 +111,7 @@ def create_app(
     classifiers: Sequence[Classifier] = (),
     checks: Sequence[Check] = (),
     plugin_manager: pluggy.PluginManager | None = None,
+    keys: Sequence[ApiKey] | None = None,
 ) -> Starlette:
     """The shim as an ASGI app.
 
@@ -119,6 +120,8 @@ def create_app(
     post-inference sinks come from the arguments plus every plugin of `plugin_manager` (default:
     the built-in plugins and the installed entry points, `server_shim.extensions`). Stateful checks
     (`checks.py`) are `checks`, for every model, followed by the config file's built-in ones.
+    `keys` are the accepted bearer keys as the caller already read them (`serve` reads the keys file
+    once: a pipe reads empty the second time); by default they are read from `settings`.
     """
     settings = settings or (config.settings() if config else Settings())
     manager = plugin_manager or extensions.default_plugin_manager()
@@ -149,7 +152,7 @@ def create_app(
         env.hosted_policy = backend.hosted_policy
     if isinstance(backend, ContextWindows):
         env.context_window = backend.context_window
-    keys = load_keys(settings.api_keys, settings.api_keys_file)
+    keys = list(keys) if keys is not None else load_keys(settings.api_keys, settings.api_keys_file)
     tenants = len({key.tenant for key in keys})
     shim = ShimState(
         settings,

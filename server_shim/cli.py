@@ -30,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run_on_the_c_allocator() -> None:
     """Replace this process with the same command on the C allocator, unless `PYTHONMALLOC` is set
-    (`trim.c_allocator_environment` says when): with Python's own allocator part of the RSS of a
+    (`allocator.c_allocator_environment` says when): with Python's own allocator part of the RSS of a
     burst of clients stays after they leave; with the C allocator it goes back (README, "Load").
     Called before the server is imported (the package imports it only when asked for a name), so
     the first process costs an interpreter start and little more. Not from a frozen executable (no interpreter to run again); if the `exec` fails, this process
@@ -41,7 +41,10 @@ def _run_on_the_c_allocator() -> None:
     from .allocator import c_allocator_environment, libc_trim
 
     environment = c_allocator_environment(
-        os.environ, ignores_environment=bool(sys.flags.ignore_environment), trims=libc_trim() is not None
+        os.environ,
+        ignores_environment=bool(sys.flags.ignore_environment),
+        trims=libc_trim() is not None,
+        dev_mode=sys.flags.dev_mode,
     )
     if environment is None or not sys.executable or getattr(sys, "frozen", False):
         return

@@ -158,7 +158,7 @@ def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
     if workers > 1:
         serve_workers(loaded, sock, log_level=log_level, workers=workers)
         return 0
-    app = create_app(settings, config=loaded.config)
+    app = create_app(settings, config=loaded.config, keys=loaded.keys)
     freeze_startup_heap()
     config = uvicorn_config(app, settings, log_level=log_level, log_config=uvicorn_log_config())
     server = ShimServer(config, app.state.shim)

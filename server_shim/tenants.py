@@ -89,10 +89,18 @@ def parse_key_lines(text: str, source: str = "the keys file") -> list[ApiKey]:
 
 
 def load_keys(entries: Iterable[str], keys_file: str | Path | None) -> list[ApiKey]:
-    """Every configured key: the settings' entries, then the file's; one key may not name two tenants."""
+    """Every configured key: the settings' entries, then the file's; one key may not name two tenants.
+
+    A keys file that is named and holds no key is an error, not "auth off": authentication fails closed."""
     keys = [parse_key_entry(entry) for entry in entries]
     if keys_file is not None:
-        keys.extend(parse_key_lines(Path(keys_file).read_text(encoding="utf-8"), str(keys_file)))
+        from_file = parse_key_lines(Path(keys_file).read_text(encoding="utf-8"), str(keys_file))
+        if not from_file:
+            raise ValueError(
+                f"{keys_file} holds no key: a keys file that reads empty (emptied, or a pipe read twice) must not "
+                "leave the server open"
+            )
+        keys.extend(from_file)
     tenants: dict[str, str] = {}
     for key in keys:
         if tenants.setdefault(key.key, key.tenant) != key.tenant:

@@ -130,7 +130,9 @@ def test_the_start_up_line_on_memory_names_the_allocator_in_use():
     assert "goes back to the system" in allocator_line(c_allocator=True)
 
 
-@pytest.mark.parametrize(("pythonmalloc", "expected"), [("malloc", True), ("pymalloc", False), ("", False)])
+@pytest.mark.parametrize(
+    ("pythonmalloc", "expected"), [("malloc", True), ("malloc_debug", True), ("pymalloc", False), ("", False)]
+)
 def test_the_allocator_in_use_is_told_from_the_process_itself(pythonmalloc: str, expected: bool):
     code = "from server_shim.allocator import c_allocator; print(c_allocator())"
     env = {**os.environ, "PYTHONMALLOC": pythonmalloc}
@@ -148,6 +150,8 @@ def test_serve_runs_itself_again_on_the_c_allocator_only_where_nobody_chose_and_
         assert c_allocator_environment({"PYTHONMALLOC": chosen}, ignores_environment=False, trims=True) is None
     assert c_allocator_environment({}, ignores_environment=True, trims=True) is None  # -E / -I: would not apply
     assert c_allocator_environment({}, ignores_environment=False, trims=False) is None  # no malloc_trim (musl, macOS)
+    in_dev_mode = c_allocator_environment({}, ignores_environment=False, trims=True, dev_mode=True)
+    assert in_dev_mode == {"PYTHONMALLOC": "malloc_debug"}, "-X dev keeps its allocator debug hooks"
 
 
 def _collect_garbage() -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 
+import httpx2
 import openai
 import pytest
 from openai import AsyncOpenAI
+from support.chat_server import closed_port
+from support.serve import SCRIPT, wait_healthy
 from support.wire import MODEL, TurnEvents, completed_ok, run_turn, user
 
 from server_shim import Settings
@@ -83,6 +89,46 @@ def test_a_bad_keys_file_stops_serve_and_check_config_with_one_clear_line(tmp_pa
     assert result.returncode != 0
     assert f"{keys}, line 2: an API key holds ','" in result.stderr + result.stdout
     assert "xsecret" not in result.stderr + result.stdout
+
+
+def test_a_keys_file_that_holds_no_key_is_an_error_not_auth_off(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("# every key was removed\n\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        load_keys([BOB_KEY], path)
+
+
+async def test_a_keys_file_that_reads_only_once_still_guards_the_server():
+    """A pipe (`--api-keys-file <(vault read ...)`) reads empty the second time: serve checks and serves the
+    keys it read once, so a request without a key is refused (it was answered: the app read the pipe again)."""
+    port = closed_port()
+    read_end, write_end = os.pipe()
+    os.write(write_end, f"alice {ALICE_KEY}\n".encode())
+    os.close(write_end)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPONSES_WS_")}
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), "--api-keys-file", f"/dev/fd/{read_end}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, "PYTHONMALLOC": "pymalloc"},
+        pass_fds=(read_end,),
+    )
+    os.close(read_end)
+    try:
+        await asyncio.to_thread(wait_healthy, port, process)
+        base_url = f"http://127.0.0.1:{port}/v1"
+        async with httpx2.AsyncClient() as http:
+            assert (await http.get(f"{base_url}/models")).status_code == 401
+            refused = await http.post(f"{base_url}/responses", json={"model": MODEL, "input": "hi"})
+            assert refused.status_code == 401
+        sdk = AsyncOpenAI(base_url=base_url, api_key=ALICE_KEY, max_retries=0)
+        async with sdk, sdk.responses.connect() as conn:
+            completed_ok(await run_turn(conn, input="hi", store=False))
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+    assert "auth on: 1 api key(s), 1 tenant(s)" in process.stdout.read()
 
 
 def test_one_key_for_two_tenants_is_refused(tmp_path):
