@@ -35,6 +35,7 @@ def _run_on_the_c_allocator() -> None:
     Called before the server is imported (the package imports it only when asked for a name), so
     the first process costs an interpreter start and little more. Not from a frozen executable (no interpreter to run again); if the `exec` fails, this process
     serves on as it is, saying why."""
+    import contextlib
     import logging
     import os
 
@@ -48,8 +49,10 @@ def _run_on_the_c_allocator() -> None:
     )
     if environment is None or not sys.executable or getattr(sys, "frozen", False):
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # None where the descriptor was closed at start (`>&-`)
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
     try:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
     except OSError as exc:

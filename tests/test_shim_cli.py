@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx2
@@ -336,6 +338,40 @@ async def test_serve_that_cannot_run_itself_again_says_so_and_serves_on_pythons_
     assert "could not start again on the C allocator (/nonexistent/python: [Errno 2]" in output, output
     assert "memory: Python's allocator (pymalloc) keeps part of a burst's peak RSS" in output
     assert "Traceback" not in output, output
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+async def test_a_bare_serve_with_stdout_or_stderr_closed_still_starts_on_the_c_allocator(closed: int):
+    """Init scripts and daemon managers start servers with `>&-`: Python's stream is then None, and the
+    flush before running again must not stop the start."""
+    port = closed_port()
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONMALLOC"}
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=lambda: os.close(closed),
+    )
+    try:
+        await asyncio.to_thread(wait_until_answering, port, process)
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        assert b"PYTHONMALLOC=malloc" in environ
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
+
+
+def wait_until_answering(port: int, process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"serve exited early with {process.returncode}"
+        with contextlib.suppress(httpx2.TransportError):
+            if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError("serve did not answer /healthz")
 
 
 def test_a_port_in_use_is_one_clear_error_line():
