@@ -249,7 +249,7 @@ _RENDERED = frozenset({"message", *_CALLS, *_OUTPUTS})
 
 def renders(items: Sequence[Item]) -> bool:
     """Whether `render_items(items)` has any message (every other item type is dropped), without rendering."""
-    for item in items:  # a loop, not `any()` over a generator: asked every simulated turn, most batches one item
+    for item in items:  # noqa: SIM110 - not any() over a generator: asked every simulated turn, most batches one item
         if item.get("type", "message") in _RENDERED:
             return True
     return False
