@@ -199,6 +199,7 @@ class Router:
             started = False
             carry = request.carry if deployment.name == request.deployment else {}
             deployment.in_flight += 1
+            request.served_by = deployment.name
             start = self.clock()
             pieces = 0
             watch = Watch(deployment.deadlines, self._deadline_timer(), start)  # applied here: no generator layer

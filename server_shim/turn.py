@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 from . import metrics
-from .backends.base import Carry, Routed, TextDelta, ToolCallDelta, Usage
+from .backends.base import BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
 from .checks import CheckRefused, PendingChecks, gated
 from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
@@ -72,6 +72,7 @@ class Turn:
         self._started = time.monotonic()
         self._first_token: float | None = None
         self._deployment: str | None = None
+        self._sent: BackendRequest | None = None
         self._plan: TurnPlan | None = None
         self.response_id: str | None = None
         """Set when `events()` starts the response."""
@@ -132,7 +133,8 @@ class Turn:
             if self.request.generate is not False:
                 failure: BackendError | APIError | None = None
                 try:
-                    raw = self.env.backend.stream(plan.backend_request(self.request, self.connection_id, stages))
+                    self._sent = plan.backend_request(self.request, self.connection_id, stages)
+                    raw = self.env.backend.stream(self._sent)
                     restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
                     deltas = gated(restored, checks)
                     try:
@@ -256,6 +258,8 @@ class Turn:
         input tokens the count beside inference when it finished, else the sent history's bytes / 4.
         """
         status = "completed" if self.ends_at_stop_sequence else "cancelled"
+        if self._deployment is None and self._sent is not None:  # stopped before the router said who served it
+            self._deployment = self.result.deployment = self._sent.served_by
         assembler = self._assembler or OutputAssembler(self.seq)
         assembler.close("completed" if self.ends_at_stop_sequence else "incomplete")
         counted = plan.counting.done()

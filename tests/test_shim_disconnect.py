@@ -130,6 +130,7 @@ async def test_a_cancelled_response_is_in_the_usage_ledger_marked_as_estimated(m
             break
         await asyncio.sleep(0.02)
     assert all(records[i].status == "cancelled" and records[i].estimated for i in ids)
+    assert {records[i].deployment for i in ids} == {"simulated"}, "billed to the deployment that streamed"
 
 
 async def test_a_client_close_mid_response_is_answered_at_once_and_the_turn_is_metered(metered, caplog):

@@ -51,6 +51,9 @@ class BackendRequest:
     previous turn ran on another deployment."""
     stages: StageClock | None = None
     """The turn's stage clock: a router marks the end of `route` on it; backends leave it alone."""
+    served_by: str | None = None
+    """The deployment streaming the turn, set by the router when one takes it: a turn its client cancels
+    before the router's closing `Routed` is still billed to the deployment that produced its tokens."""
 
     @property
     def new_items(self) -> tuple[dict[str, Any], ...]:
