@@ -40,7 +40,7 @@ class History:
         self.count: int = (parent.count if parent else 0) + len(own)
         """Items in the whole chain."""
         self.batches: int = (parent.batches if parent else 0) + (1 if own else 0)
-        self.nbytes: int = (parent.nbytes if parent else 0) + sum(len(orjson.dumps(item)) + 1 for item in own)
+        self.nbytes: int = (parent.nbytes if parent else 0) + sum(map(len, map(orjson.dumps, own))) + len(own)
         """JSON size of the whole chain: what token estimates use."""
         if own_held is None:
             own_held = footprint(own) if own else 0

@@ -105,7 +105,7 @@ def _standard_held(
     """
     try:
         scalars = _scalars_of(response)
-        *parts, usage = _parts_of(response)
+        error, incomplete, metadata, usage = _parts_of(response)
     except KeyError:
         return None
     if tuple(map(type, scalars)) not in _SCALAR_TYPES:
@@ -118,7 +118,7 @@ def _standard_held(
         + len(others) * tuple.__itemsize__  # the tuple the definition walks from, as `footprint` counts it
         + sum(compress(_DEFAULT_HELD, same))
         + _scalars_held(*scalars)
-        + _apart((*parts, *others, *compress(present, map(not_, same))), walk)
+        + _apart((error, incomplete, metadata, *others, *compress(present, map(not_, same))), walk)
     )
     usage_held = _usage_held(usage)
     if usage_held is None:
@@ -141,6 +141,9 @@ def _apart(values: tuple[Any, ...], walk: list[Any]) -> int:
     """What the leaves and empty containers among `values` hold; the other values are added to `walk`."""
     held = 0
     for value in values:
+        if value is None:  # most of them: `error`, `incomplete_details`, an unset field
+            held += _NONE
+            continue
         kind = type(value)
         sizer = LEAF_SIZE.get(kind)
         if sizer is not None:
