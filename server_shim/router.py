@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,22 +152,17 @@ class Router:
             deployment = resolved[0] if resolved else None
         return deployment
 
-    def candidates(self, alias: str, sticky: str | None) -> Iterator[Deployment]:
-        """Deployments to try, best first: the sticky one if usable, else a fresh resolution.
-
-        Lazy: a conversation that stays on its sticky deployment never resolves again; the others
-        are resolved only when it fails over (no generator is left suspended after a turn that did not).
-        """
+    def _sticky(self, alias: str, sticky: str | None) -> Deployment | None:
+        """The conversation's sticky deployment if it is usable (counted as a sticky reuse), else None."""
         if sticky is not None:
             deployment = self.deployments.get(sticky)
             if deployment is not None and deployment.health.available(self.clock()) and deployment.serves(alias):
                 self.stats.cells[STICKY_REUSES] += 1
-                return itertools.chain((deployment,), self._others(alias, deployment))
-        self.stats.cells[RESOLUTIONS] += 1
-        return iter(self._resolve(alias))
+                return deployment
+        return None
 
-    def _others(self, alias: str, first: Deployment) -> Iterator[Deployment]:
-        yield from (d for d in self._resolve(alias) if d is not first)
+    def _others(self, alias: str, first: Deployment) -> list[Deployment]:
+        return [d for d in self._resolve(alias) if d is not first]
 
     def _resolve(self, alias: str) -> list[Deployment]:
         serving = [d for d in self.deployments.values() if d.serves(alias)]
@@ -185,8 +179,20 @@ class Router:
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         """The first candidate's deltas; one that fails before its first delta hands over to the next.
-        The deadlines (`Watch`) and the per-delta bookkeeping are applied here, in no generator of their own."""
-        candidates = self.candidates(request.model, request.deployment)
+        The deadlines (`Watch`) and the per-delta bookkeeping are applied here, in no generator of their own.
+
+        The candidates, best first: the sticky deployment alone if usable, else a fresh resolution. A
+        conversation that stays on its sticky deployment never resolves again: the others are resolved
+        (and added to the list the loop walks) only when it fails over, and a turn that does not makes no
+        iterator or generator for them (a `chain` with a never-started generator cost ~4k instructions).
+        """
+        alias = request.model
+        sticky = self._sticky(alias, request.deployment)
+        if sticky is not None:
+            candidates = [sticky]
+        else:
+            self.stats.cells[RESOLUTIONS] += 1
+            candidates = self._resolve(alias)
         if request.stages is not None:
             request.stages.mark("route")
         last_error: BackendError | None = None
@@ -236,6 +242,8 @@ class Router:
                 last_error = exc
                 if started or not exc.retryable:
                     raise
+                if deployment is sticky:
+                    candidates += self._others(alias, sticky)  # walked next by this loop
                 continue
             finally:
                 watch.close()
@@ -243,7 +251,7 @@ class Router:
             self._succeeded(deployment, start, watch.first_token_at, pieces)
             yield Routed(deployment.name, carry)
             return
-        raise last_error or self._unavailable(request.model)
+        raise last_error or self._unavailable(alias)
 
     def settle(self) -> None:
         """Once after a burst of clients (the trim): disarm the deadline timer if nothing is watched."""

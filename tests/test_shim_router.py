@@ -135,6 +135,18 @@ async def test_failure_before_first_token_fails_over_and_output_is_not_duplicate
     assert r.stats.failovers == 1
 
 
+async def test_a_sticky_deployment_failing_before_its_first_token_fails_over_to_the_others_once():
+    a, b, c = Flaky("a"), Flaky("b"), Flaky("c")
+    r = router(a, b, c)
+    assert await served_by(r, request()) == "a"
+    a.fail_times = 2  # its next stream fails (its first call served the turn above)
+    b.fail_times = 1
+    out, deployment = await run(r, request(deployment="a"))
+    assert (out, deployment) == ("simulated reply from ", "c"), "a, then each other deployment once, in order"
+    assert (a.calls, b.calls, c.calls) == (2, 1, 1)
+    assert (r.stats.resolutions, r.stats.sticky_reuses, r.stats.failovers) == (1, 1, 2)
+
+
 async def test_failure_after_first_token_surfaces_instead_of_retrying():
     a, b = Flaky("a", fail_times=1, after_first_token=True), Flaky("b")
     r = router(a, b)
