@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +27,11 @@ from .requests import CreateRequest, check_stream_id, parse_create
 from .steer import Steering
 from .tenants import scope_tenant
 from .ws_frames import (
+    CLOSE_GOING_AWAY,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_POLICY_VIOLATION,
+    FORCE_CLOSE_EXTENSION,
+    ConnectionState,
     age_limit_error,
     encode_event,
     frame_nbytes,
@@ -45,22 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _BYTES_RECEIVED = metrics.BYTES_RECEIVED.labels("websocket")
-
-CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_MESSAGE_TOO_BIG = 1009
-FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
-"""ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
-`writable()`, true while a send will not wait for the peer (so it needs no timeout), and
-`send_texts(frames)`, which queues a text frame for each of a list of UTF-8 byte strings at once (only
-while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`.
-The app may add `on_text(text) -> bool`: a whole text frame offered as it is read, before the ASGI queue (True: taken)."""
-
-
-class ConnectionState(enum.Enum):
-    OPEN = "open"
-    DRAINING = "draining"
-    CLOSED = "closed"
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""A WebSocket frame's first reading (size, JSON, type, lane) and the errors a connection sends itself.
+"""A WebSocket frame's first reading (size, JSON, type, lane), the errors a connection sends itself, its close codes and states.
 
 Plain functions, apart from the connection loop in `ws.py` that uses them.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from json import JSONDecodeError
 from typing import Any
@@ -19,6 +20,22 @@ from .requests import check_stream_id
 
 log = logging.getLogger(__name__)
 _unencodable_logged = False
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_MESSAGE_TOO_BIG = 1009
+FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
+"""ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
+`writable()`, true while a send will not wait for the peer (so it needs no timeout), and
+`send_texts(frames)`, which queues a text frame for each of a list of UTF-8 byte strings at once (only
+while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`.
+The app may add `on_text(text) -> bool`: a whole text frame offered as it is read, before the ASGI queue (True: taken)."""
+
+
+class ConnectionState(enum.Enum):
+    OPEN = "open"
+    DRAINING = "draining"
+    CLOSED = "closed"
 
 
 def frame_nbytes(data: str | bytes) -> int:
