@@ -224,3 +224,50 @@ async def test_schema_driven_output_within_the_budget_is_whole_and_finishes_norm
     tools = [{"type": "function", "name": "small", "parameters": {"type": "string", "minLength": 20, "maxLength": 25}}]
     called = await collect(SimulatedBackend(), request([user("hi")], tools=tools, tool_choice="required"))
     assert json.loads(arguments(called)) == "simulated" + "x" * 11 and called[-1] == Finish("tool_calls")
+
+
+READY_CASES = [
+    request([user("hi")]),
+    request([user("hi")], max_output_tokens=0),
+    request([user("hi")], max_output_tokens=63),
+    request([user("y" * 400)], previous=[user("x" * 400)], max_output_tokens=1),
+    request([user('please\ncall lookup {"n": 42}')], tools=LOOKUP),
+    request([user("hi")], tools=PATCH_AND_AGENTS, tool_choice="required"),
+    request([CALL, OUTPUT], previous=[user("x")], max_output_tokens=0),
+    request([CALL, OUTPUT], previous=[user("x")], max_output_tokens=5),
+    request([user("hi")], options={"response_format": {"type": "json_object"}}),
+    request(
+        [user("hi")],
+        max_output_tokens=4,
+        options={"response_format": {"type": "json_schema", "json_schema": {"schema": HUGE_STRING}}},
+    ),
+]
+
+
+@pytest.mark.parametrize("req", READY_CASES)
+async def test_a_reply_that_never_waits_is_ready_at_once_as_it_streams(req):
+    """`ready` (what the router takes instead of `stream` when it has it) is exactly what `stream` yields."""
+    backend = SimulatedBackend()
+    assert backend.ready(req) == await collect(backend, req)
+    guard = SimulatedBackend(guard={"S1": ["attack"]})
+    assert guard.ready(req) == await collect(guard, req)
+
+
+async def test_a_reply_that_would_wait_is_not_ready_at_once():
+    """Paced, 64 tokens or more (it gives the loop a turn at the 64th), or a subclass streaming its own way:
+    the router streams it."""
+    assert SimulatedBackend(ttft_s=0.01).ready(request([user("hi")])) is None
+    assert SimulatedBackend(tokens_per_s=1000).ready(request([user("hi")])) is None
+    assert SimulatedBackend().ready(request([user("hi")], max_output_tokens=64)) is None
+    schema = {"type": "json_schema", "json_schema": {"schema": HUGE_STRING}}
+    assert (
+        SimulatedBackend().ready(request([user("hi")], max_output_tokens=64, options={"response_format": schema}))
+        is None
+    )
+    assert SimulatedBackend().ready(request([user("hi")], max_output_tokens=63, options={"response_format": schema}))
+
+    class Own(SimulatedBackend):
+        async def stream(self, request):
+            yield TextDelta("own")
+
+    assert Own().ready(request([user("hi")])) is None

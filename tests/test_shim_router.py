@@ -229,3 +229,31 @@ async def test_no_deployment_for_the_model_is_a_clear_error():
     req.model = "other"
     with pytest.raises(BackendError, match="no available deployment serves model 'other'"):
         await text(r, req)
+
+
+class Ticking(Clock):
+    """A clock that moves a millisecond each time it is read."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+async def test_a_reply_ready_at_once_is_routed_and_measured_as_a_streamed_one():
+    """The unpaced simulator hands the router its whole reply (`ready`) rather than a stream: the same deltas,
+    the same decision, the breaker's estimates and the token window from the same clock, nothing in flight."""
+    simulator = SimulatedBackend(model="a")
+    simulator.name = "a"
+    ready, streamed = router(simulator, clock=Ticking()), router(Flaky("a"), clock=Ticking())
+    assert ready.deployments["a"].ready is not None and streamed.deployments["a"].ready is None
+    for r in (ready, streamed):
+        r.deployments["a"].tokens_per_minute = 1000
+    req = request()
+    for _ in range(2):
+        assert [d async for d in ready.stream(req)] == [d async for d in streamed.stream(req)]
+    assert req.served_by == "a"
+    for r in (ready, streamed):
+        a = r.deployments["a"]
+        assert a.in_flight == 0 and a.health.answered and a.tokens.total(r.clock()) == 2 * (7 + 3)
+    health = ready.deployments["a"].health  # the first token one tick after the start; the end two after it
+    assert (health.ttft_s, health.tokens_per_s) == (pytest.approx(0.001), pytest.approx(3 / 0.002))

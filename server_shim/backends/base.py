@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -214,6 +214,16 @@ class ReportsStatus(Protocol):
     """A backend whose state `/readyz` shows: `status()` maps a part's name to its state, `available` among it."""
 
     def status(self) -> dict[str, dict[str, object]]: ...
+
+
+@runtime_checkable
+class RepliesAtOnce(Protocol):
+    """A backend that sometimes has a whole reply without waiting for anything (in-process and unpaced, as
+    the simulator mostly is): `ready` returns the deltas `stream` would yield for the request, or None
+    when `stream` would wait. The router then hands them on without a generator to drive or a deadline to
+    watch; a backend whose `stream` awaits anything (I/O, pacing, the loop) returns None for it."""
+
+    def ready(self, request: BackendRequest) -> Sequence[Delta] | None: ...
 
 
 @runtime_checkable

@@ -42,6 +42,10 @@ WORDS = ("simulated ", "reply ", "from ", "the ", "responses-ws ", "simulator ",
 WORD_DELTAS = tuple(TextDelta(word) for word in WORDS)
 """The text reply's tokens, in turn: a delta is immutable, so every reply streams these same objects."""
 STOPPED, LENGTH, CALLED = Finish("stop"), Finish("length"), Finish("tool_calls")
+YIELD_EVERY = 64
+"""Unpaced, the simulator gives the loop a turn before every 64th token: a shorter reply never waits."""
+READY_WORDS = tuple(islice(cycle(WORD_DELTAS), YIELD_EVERY - 1))
+"""The text reply's tokens for any reply that never waits (a prefix of them)."""
 
 
 class SimulatedBackend:
@@ -71,38 +75,50 @@ class SimulatedBackend:
         return None
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
-        prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
-        last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
-        call = None if self.guard else _requested_call(request, last)
-        cut = False
-        if self.guard:
-            pieces: Iterator[Delta] = iter([TextDelta(self._guard_verdict(prompt))])
-        elif call:
-            arguments, cut = _bounded(call[1], _budget(request) * CHARS_PER_TOKEN)
-            pieces = iter(_call_pieces((call[0], arguments), prompt.count))
-        else:
-            response_format = request.options.get("response_format")
-            structured = None if response_format is None else _structured(response_format)
-            if structured is None:
-                asked = request.max_output_tokens
-                pieces, cut = _text_pieces(asked, last), asked is not None and asked > MAX_OUTPUT_TOKENS
-            else:
-                text, cut = _bounded(structured, _budget(request) * CHARS_PER_TOKEN)
-                pieces = (TextDelta(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN))
+        prompt, pieces, finish = self._reply(request)
         pacer = _Pacer(self.ttft_s, self.tokens_per_s) if self.ttft_s > 0 or self.tokens_per_s > 0 else None
         output_tokens = 0
         for piece in pieces:
             if pacer is not None:
                 await pacer.wait(output_tokens)
-            elif output_tokens % 64 == 63:
+            elif output_tokens % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # unpaced: other connections still get the loop every 64 tokens
             output_tokens += 1
             yield piece
-        input_tokens = estimate_tokens(prompt.nbytes + len(request.instructions or ""))
-        cached_nbytes = prompt.nbytes - _new_nbytes(request, prompt)
-        cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
-        yield Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
-        yield LENGTH if cut else CALLED if call else STOPPED
+        yield _usage(request, prompt, output_tokens)
+        yield finish
+
+    def ready(self, request: BackendRequest) -> list[Delta] | None:
+        """The whole reply, as `stream` yields it, when `stream` would never wait (unpaced, and fewer pieces
+        than `YIELD_EVERY`); None otherwise. The router then hands the deltas on without a generator to
+        drive or a deadline to watch (`RepliesAtOnce`): nothing in between could wait for anything. A subclass
+        that streams otherwise (overrides `stream`) gets None: its own `stream` is what it yields."""
+        if self.ttft_s > 0 or self.tokens_per_s > 0 or type(self).stream is not SimulatedBackend.stream:
+            return None
+        prompt, pieces, finish = self._reply(request)
+        if not isinstance(pieces, tuple):
+            return None
+        return [*pieces, _usage(request, prompt, len(pieces)), finish]
+
+    def _reply(self, request: BackendRequest) -> tuple[ChatPrompt, tuple[Delta, ...] | Iterator[Delta], Finish]:
+        """The prompt as a chat backend reads it, the reply's pieces (a tuple when fewer than `YIELD_EVERY`,
+        else made as they are taken) and how it finishes."""
+        prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
+        if self.guard:
+            return prompt, (TextDelta(self._guard_verdict(prompt)),), STOPPED
+        last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
+        call = _requested_call(request, last)
+        if call:
+            arguments, cut = _bounded(call[1], _budget(request) * CHARS_PER_TOKEN)
+            return prompt, _call_pieces((call[0], arguments), prompt.count), LENGTH if cut else CALLED
+        response_format = request.options.get("response_format")
+        structured = None if response_format is None else _structured(response_format)
+        if structured is None:
+            asked = request.max_output_tokens
+            cut = asked is not None and asked > MAX_OUTPUT_TOKENS
+            return prompt, _text_pieces(asked, last), LENGTH if cut else STOPPED
+        text, cut = _bounded(structured, _budget(request) * CHARS_PER_TOKEN)
+        return prompt, _chunks(text), LENGTH if cut else STOPPED
 
     def _guard_verdict(self, prompt: ChatPrompt) -> str:
         users = [m for m in prompt.messages if m["role"] == "user"]
@@ -126,6 +142,14 @@ class _Pacer:
             await asyncio.sleep(delay)
         elif index % 64 == 63:
             await asyncio.sleep(0)
+
+
+def _usage(request: BackendRequest, prompt: ChatPrompt, output_tokens: int) -> Usage:
+    """Estimated from the prompt's JSON bytes; what the prompt had before this turn's input counts as cached."""
+    input_tokens = estimate_tokens(prompt.nbytes + len(request.instructions or ""))
+    cached_nbytes = prompt.nbytes - _new_nbytes(request, prompt)
+    cached = estimate_tokens(cached_nbytes) if cached_nbytes > 0 else 0
+    return Usage(input_tokens, output_tokens, min(cached, input_tokens), estimated=True)
 
 
 def _new_nbytes(request: BackendRequest, prompt: ChatPrompt) -> int:
@@ -160,13 +184,22 @@ def _bounded(chunks: Iterator[str], limit: int) -> tuple[str, bool]:
     return "".join(parts), False
 
 
-def _text_pieces(asked: int | None, last: Message | None) -> Iterator[Delta]:
-    """Taken as streamed, never made all at once; at most `MAX_OUTPUT_TOKENS` whatever was asked."""
+def _text_pieces(asked: int | None, last: Message | None) -> tuple[Delta, ...] | Iterator[Delta]:
+    """A tuple when shorter than `YIELD_EVERY`; else taken as streamed, never made all at once, and at most
+    `MAX_OUTPUT_TOKENS` whatever was asked."""
     count = max(0, min(DEFAULT_TOKENS if asked is None else asked, MAX_OUTPUT_TOKENS))
     if last is not None and last["role"] == "tool":
         echo = TextDelta(f"Tool {last['tool_call_id']} returned: {last['content']}\n")
-        return chain((echo,), islice(cycle(WORD_DELTAS), max(0, count - 1)))
-    return islice(cycle(WORD_DELTAS), count)
+        if count < YIELD_EVERY:
+            return (echo, *READY_WORDS[: max(0, count - 1)])
+        return chain((echo,), islice(cycle(WORD_DELTAS), count - 1))
+    return READY_WORDS[:count] if count < YIELD_EVERY else islice(cycle(WORD_DELTAS), count)
+
+
+def _chunks(text: str) -> tuple[Delta, ...] | Iterator[Delta]:
+    """Structured output in pieces of `CHARS_PER_TOKEN`: a tuple when fewer than `YIELD_EVERY`, else made as taken."""
+    pieces = (TextDelta(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN))
+    return tuple(pieces) if len(text) <= (YIELD_EVERY - 1) * CHARS_PER_TOKEN else pieces
 
 
 def _structured(response_format: Any) -> Iterator[str] | None:
@@ -221,14 +254,14 @@ def _forced(choice: Any, schemas: dict[str, Any]) -> str | None:
     return None
 
 
-def _call_pieces(call: tuple[str, str], turn: int) -> list[Delta]:
+def _call_pieces(call: tuple[str, str], turn: int) -> tuple[Delta, ...]:
     name, arguments = call
     call_id = f"call_sim_{zlib.crc32(f'{turn}:{name}:{arguments}'.encode()):08x}"
     middle = len(arguments) // 2
-    return [
+    return (
         ToolCallDelta(0, arguments[:middle], call_id=call_id, name=name),
         ToolCallDelta(0, arguments[middle:]),
-    ]
+    )
 
 
 def _text(content: Any) -> str:
