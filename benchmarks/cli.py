@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         "malloc; e.g. pymalloc,default (default: default)",
     )
     parser.add_argument(
+        "--checkouts",
+        type=lambda text: [Path(path) for path in text.split(",")],
+        help="load: serve each level from each of these checkouts (directories holding server_shim/), side by side, "
+        "their order alternating between --repeats, e.g. /tmp/base,. (default: this one)",
+    )
+    parser.add_argument(
         "--llama-threads",
         type=int,
         help="agent-llama: llama.cpp threads (default 1; as many as the cores stalls under CPU contention)",
@@ -145,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kwargs["clients"] = args.clients
         if name == "load" and args.allocators:
             kwargs["allocators"] = args.allocators
+        if name == "load" and args.checkouts:
+            kwargs["checkouts"] = args.checkouts
         start = time.perf_counter()
         progress(f"=== {name} ===")
         try:

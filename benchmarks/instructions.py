@@ -1,6 +1,7 @@
 """Instructions per chained WebSocket turn in the shim's process and in the floor server's, counted by valgrind (callgrind).
 
     python -m benchmarks.instructions [CHECKOUT ...] [--turns 300] [--tokens 1] [--connections 1] [--keep DIR]
+    python -m benchmarks.instructions [CHECKOUT ...] --first --connections 128
 
 CPU time on a shared machine moves with the load by more than most single changes save; an
 instruction count does not. Each CHECKOUT (a directory holding a `server_shim/`, default this
@@ -16,6 +17,13 @@ the first checkout's shim sent for such a turn) is counted the same way, and eac
 count is printed as a ratio to it: the deterministic counterpart of the floor suite's CPU ratio.
 `--keep DIR` keeps each callgrind output (`DIR/shim-<i>.callgrind`, `DIR/floor.callgrind`) for `callgrind_annotate`.
 Needs valgrind on PATH; a run takes about a minute.
+
+`--first` counts what the `load` suite's start costs instead: `--connections` fresh connections, opened before the
+count, send their first turn (unchained) all at once, then, once every one is answered, their second turn (chained
+to it) all at once; each phase is counted into a callgrind dump of its own and divided by the connections, so a
+connection's first turn is set against a chained turn of the same herd (the warm-up: one connection's chained
+turns, a multiple of `--connections`; the ledger written once per phase, inside its count). `--keep DIR` keeps
+`DIR/shim-<i>.callgrind.first` and `.chained`.
 """
 
 from __future__ import annotations
@@ -35,17 +43,75 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from .common import Subprocess, free_port, shim_command
-from .floor import Frames, capture, measure
+from .floor import Frames, _open, _turn, capture, measure
 
 WARM_UP_TURNS = 20
 AFTER_WARM_UP_S = 4.0
 """Wait after the warm-up connections close: the shim trims once per burst of closes (`trim.py`: a full
 collection, the attribute cache emptied, a second after the last close), a cost per burst, not per turn."""
 Server = Callable[[int, Path], list[str]]  # (port, scratch directory) -> the command serving on that port
+
+
+class Counted:
+    """A server started under callgrind, instrumentation off: `on()`, `dump()` (the events since the last dump or
+    `on()`, into a file of their own), `off()`; on leaving, a clean exit and valgrind's total (`collected`)."""
+
+    def __init__(self, server: Server, cwd: Path, env: dict[str, str], scratch: Path) -> None:
+        self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        self.out = scratch / "cg.out"
+        self.log = scratch / "serve.log"
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={self.out}"]
+        self.proc = Subprocess(
+            cmd + server(self.port, scratch),
+            ready_url=f"http://127.0.0.1:{self.port}/healthz",
+            log_path=self.log,
+            env=dict(os.environ, PYTHONHASHSEED="0", **env),
+            cwd=cwd,
+            ready_timeout_s=300,
+        )
+        self.collected = 0
+
+    def __enter__(self) -> Counted:
+        self.proc.start()
+        return self
+
+    def _control(self, *flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, str(self.proc.pid)], check=True, capture_output=True)
+
+    def on(self) -> None:
+        self._control("-i", "on")
+
+    def dump(self) -> None:
+        self._control("-d")
+
+    def off(self) -> None:
+        self._control("-i", "off")
+
+    def dumped(self, n: int) -> int:
+        """The events of the `n`th dump (from 1)."""
+        found = re.search(r"^totals: (\d+)", Path(f"{self.out}.{n}").read_text(errors="replace"), re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"no totals in callgrind dump {n}")
+        return int(found.group(1))
+
+    def __exit__(self, *exc: object) -> None:
+        proc = self.proc.proc
+        assert proc is not None
+        proc.send_signal(signal.SIGINT)  # a clean exit, after which valgrind prints its count
+        try:
+            proc.wait(timeout=600)
+        finally:
+            self.proc.stop()
+        found = re.search(r"Collected : (\d+)", self.log.read_text(errors="replace"))
+        if found is None and exc[0] is None:
+            raise RuntimeError(f"no instruction count from valgrind: {self.proc.log_tail()}")
+        self.collected = int(found.group(1)) if found else 0
 
 
 def count(
@@ -66,45 +132,86 @@ def count(
     says how many usage records the server has written: the count starts once the warm-up's are all
     written and ends once the counted turns' are.
     """
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
-        out = Path(scratch) / "cg.out"
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-        log = Path(scratch) / "serve.log"
-        url = f"ws://127.0.0.1:{port}/v1/responses"
-        ready = f"http://127.0.0.1:{port}/healthz"
-        proc = Subprocess(
-            cmd + server(port, Path(scratch)),
-            ready_url=ready,
-            log_path=log,
-            env=dict(os.environ, PYTHONHASHSEED="0", **env),
-            cwd=cwd,
-            ready_timeout_s=300,
-        )
-        with proc:
-            asyncio.run(measure(url, proc.pid, Frames(tokens), connections, WARM_UP_TURNS))
-            time.sleep(AFTER_WARM_UP_S)  # the shim's after-burst trim (1 s after the warm-up's closes) runs first
-            if rows is not None:
-                wait_for_rows(rows, connections * WARM_UP_TURNS)
-            subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
-            asyncio.run(measure(url, proc.pid, Frames(tokens), connections, turns))
+        with Counted(server, cwd, env, Path(scratch)) as served:
+            _warm_up(served, tokens, connections, WARM_UP_TURNS, rows)
+            served.on()
+            asyncio.run(measure(served.url, served.proc.pid, Frames(tokens), connections, turns))
             if rows is not None:
                 waited = wait_for_rows(rows, connections * (WARM_UP_TURNS + turns))
                 if waited > 0.8:
                     print(f"the usage rows took {waited:.1f} s: the shim's after-close trim may be counted", flush=True)
-            subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+            served.off()
             if after is not None:
-                after(url)
-            assert proc.proc is not None
-            proc.proc.send_signal(signal.SIGINT)  # a clean exit, after which valgrind prints its count
-            proc.proc.wait(timeout=600)
-        found = re.search(r"Collected : (\d+)", log.read_text(errors="replace"))
-        if found is None:
-            raise RuntimeError(f"no instruction count from valgrind: {proc.log_tail()}")
+                after(served.url)
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out, keep)
-    return int(found.group(1)) / (connections * turns)
+            shutil.copyfile(served.out, keep)
+    return served.collected / (connections * turns)
+
+
+def _warm_up(served: Counted, tokens: int, connections: int, turns: int, rows: Callable[[], int] | None) -> None:
+    """Chained turns before anything is counted, their connections closed, and the trim after that burst of closes."""
+    asyncio.run(measure(served.url, served.proc.pid, Frames(tokens), connections, turns))
+    time.sleep(AFTER_WARM_UP_S)  # the shim's after-burst trim (1 s after the warm-up's closes) runs first
+    if rows is not None:
+        wait_for_rows(rows, connections * turns)
+
+
+async def herd(url: str, frames: Frames, connections: int, mark: Callable[[str], None]) -> None:
+    """`connections` fresh connections, opened before anything is counted (`mark("opened")`), send their first
+    turn (unchained) all at once, as the `load` suite's clients do (`mark("first")` once every one is answered),
+    then their second turn (chained to it) all at once (`mark("chained")`), and close."""
+    sockets = await asyncio.gather(*(_open(url) for _ in range(connections)))
+    try:
+        mark("opened")
+        ids = await asyncio.gather(*(_turn(ws, frames.chained(None)) for ws in sockets))
+        mark("first")
+        await asyncio.gather(
+            *(_turn(ws, frames.chained(previous)) for ws, (previous, _) in zip(sockets, ids, strict=True))
+        )
+        mark("chained")
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets))
+
+
+def count_first(
+    server: Server,
+    cwd: Path,
+    *,
+    connections: int,
+    tokens: int,
+    env: dict[str, str],
+    keep: Path | None = None,
+    after: Callable[[str], None] | None = None,
+    rows: Callable[[], int] | None = None,
+) -> tuple[float, float]:
+    """Instructions per first turn on a fresh connection and per second (chained) turn, `connections` at once
+    (`herd`), each phase counted into a callgrind dump of its own (copied to `keep`.first and `keep`.chained)."""
+    warm_up = first_warm_up(connections)
+    with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
+        with Counted(server, cwd, env, Path(scratch)) as served:
+            _warm_up(served, tokens, 1, warm_up, rows)
+            written = {"opened": 0, "first": connections, "chained": 2 * connections}
+
+            def mark(phase: str) -> None:
+                if rows is not None:
+                    wait_for_rows(rows, warm_up + written[phase])
+                if phase == "opened":
+                    served.on()
+                else:
+                    served.dump()
+
+            asyncio.run(herd(served.url, Frames(tokens), connections, mark))
+            served.off()
+            if after is not None:
+                after(served.url)
+        first, chained = served.dumped(1), served.dumped(2)
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f"{served.out}.1", f"{keep}.first")
+            shutil.copyfile(f"{served.out}.2", f"{keep}.chained")
+    return first / connections, chained / connections
 
 
 def wait_for_rows(rows: Callable[[], int], expected: int, timeout_s: float = 60.0) -> float:
@@ -153,15 +260,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--tokens", type=int, default=1, help="output tokens per turn")
     parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument(
+        "--first",
+        action="store_true",
+        help="count each connection's first turn (fresh, unchained, all --connections at once) and its second "
+        "(chained) apart, instead of --turns chained turns",
+    )
     parser.add_argument("--keep", type=Path, help="keep each callgrind output in this directory")
     args = parser.parse_args(argv)
-    shape = {"connections": args.connections, "turns": args.turns, "tokens": args.tokens}
     replies: dict[str, list[str]] = {}
-    batch = args.connections * math.gcd(WARM_UP_TURNS, args.turns)
 
     def remember(url: str) -> None:
         if not replies:
             replies.update(asyncio.run(capture(url)))
+
+    def counted(server: Server, cwd: Path, env: dict[str, str], keep: Path | None, **more: Any) -> tuple[float, ...]:
+        shape = {"connections": args.connections, "tokens": args.tokens, "env": env, "keep": keep, **more}
+        if args.first:
+            return count_first(server, cwd, **shape)
+        return (count(server, cwd, turns=args.turns, **shape),)
 
     counts = {}
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
@@ -170,11 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             own = Path(scratch) / str(i)
             own.mkdir()
             keep = None if args.keep is None else args.keep / f"shim-{i}.callgrind"
-            env = shim_env(checkout, own, batch)
-            rows = usage_rows(own / "usage.db")
-            per_turn = count(shim, checkout, env=env, keep=keep, after=remember, rows=rows, **shape)
-            counts[checkout] = per_turn
-            print(f"{checkout}: {per_turn:,.0f} instructions per turn", flush=True)
+            env = shim_env(checkout, own, _batch(args.connections, args.turns, args.first))
+            counts[checkout] = counted(shim, checkout, env, keep, after=remember, rows=usage_rows(own / "usage.db"))
+            print(f"{checkout}: {_per_turn(counts[checkout])}", flush=True)
         events = Path(scratch) / "floor-events.json"
         events.write_bytes(orjson.dumps(replies))
 
@@ -183,11 +298,33 @@ def main(argv: list[str] | None = None) -> int:
 
         here = Path(__file__).resolve().parent.parent
         keep = None if args.keep is None else args.keep / "floor.callgrind"
-        floor_per_turn = count(floor, here, env={"PYTHONPATH": str(here)}, keep=keep, **shape)
-    print(f"floor server: {floor_per_turn:,.0f} instructions per turn", flush=True)
+        floor_counts = counted(floor, here, {"PYTHONPATH": str(here)}, keep)
+    print(f"floor server: {_per_turn(floor_counts)}", flush=True)
     for checkout, per_turn in counts.items():
-        print(f"{checkout}: {per_turn / floor_per_turn:.2f}x the floor's instructions per turn", flush=True)
+        ratios = ", ".join(f"{mine / theirs:.2f}x" for mine, theirs in zip(per_turn, floor_counts, strict=True))
+        print(f"{checkout}: {ratios} the floor's instructions per turn", flush=True)
     return 0
+
+
+def _batch(connections: int, turns: int, first: bool) -> int:
+    """The usage ledger's records per write: a divisor of the warm-up's records and of each counted phase's (with
+    `--first`, a phase's records, which arrive all at once: a smaller batch could leave a remainder unwritten)."""
+    return connections if first else connections * math.gcd(WARM_UP_TURNS, turns)
+
+
+def first_warm_up(connections: int) -> int:
+    """`--first`: the warm-up's chained turns on one connection, at least `WARM_UP_TURNS`, a multiple of
+    `connections` (the ledger's batch)."""
+    return connections * math.ceil(WARM_UP_TURNS / connections)
+
+
+def _per_turn(counts: tuple[float, ...]) -> str:
+    if len(counts) == 1:
+        return f"{counts[0]:,.0f} instructions per turn"
+    first, chained = counts
+    return (
+        f"{first:,.0f} instructions per first turn, {chained:,.0f} per second (chained) turn ({first / chained:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

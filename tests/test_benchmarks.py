@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,11 +45,11 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     return out, bench_quick(["overhead", "agent", "agent-llama", "relay"], out, timeout=240)
 
 
-def bench_quick(suites: list[str], out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """`python -m benchmarks SUITES --quick --out OUT` from the checkout, which must succeed."""
+def bench_quick(suites: list[str], out: Path, timeout: float, *more: str) -> subprocess.CompletedProcess[str]:
+    """`python -m benchmarks SUITES --quick --out OUT [MORE...]` from the checkout, which must succeed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *suites, "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", *suites, "--quick", "--out", str(out), *more],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -287,11 +288,49 @@ def test_load_suite_runs_every_level_without_errors_and_reports_rss_and_the_big_
         assert lvl["errors"] == 0 and lvl["turns"] == lvl["clients"] * lvl["turns_per_client"]
         assert lvl["turns_per_s"] > 0 and lvl["latency_p99_ms"] >= lvl["latency_p50_ms"] > 0
         assert lvl["rss_peak_bytes"] >= lvl["rss_idle_bytes"] > 0 and lvl["rss_after_bytes"] > 0
-        assert lvl["allocator"] == "default" and lvl["server_cpu_ms_per_turn"] > 0
+        assert lvl["allocator"] == "default" and lvl["server_cpu_ms_per_turn"] > 0 and lvl["client_cpu_ms_per_turn"] > 0
+        assert (
+            lvl["first_turn_p99_ms"] >= lvl["first_turn_p50_ms"] > 0
+            and lvl["steady_p99_ms"] >= lvl["steady_p50_ms"] > 0
+        )
+        assert lvl["checkout"] is None and "side_by_side" not in result
     big = result["big_frame"]
     assert big["frame_bytes"]["text_3mb"] > 3_000_000 and big["frame_bytes"]["items_60k"] > 2_000_000
     for key in ("alone", "beside_text_3mb", "beside_items_60k", "beside_items_5k"):
         assert big[key]["turns"] > 0 and big[key]["p99_ms"] >= big[key]["p50_ms"]
+
+
+@pytest.mark.timeout(120)
+def test_load_suite_serves_each_checkout_side_by_side_in_alternating_order(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "server_shim", other / "server_shim", ignore=shutil.ignore_patterns("__pycache__"))
+    more = ["--clients", "3", "--turns", "4", "--repeats", "2", "--checkouts", f"{ROOT},{other}"]
+    bench_quick(["load"], tmp_path / "out", 100, *more)
+    result = _strict_json(tmp_path / "out" / "load.json")
+    here = next(lvl["checkout"] for lvl in result["levels"])
+    assert here.startswith(f"{ROOT.name}@") and result["config"]["checkouts"] == [here, "other"]
+    assert [(lvl["checkout"], lvl["repeat"]) for lvl in result["levels"]] == [
+        (here, 0),
+        ("other", 0),
+        ("other", 1),
+        (here, 1),
+    ]
+    assert all(lvl["errors"] == 0 and lvl["turns"] == 12 for lvl in result["levels"])
+    groups = {g["checkout"]: g for g in result["side_by_side"]}
+    assert set(groups) == {here, "other"} and all(g["runs"] == 2 for g in groups.values())
+    for name, group in groups.items():
+        runs = [lvl for lvl in result["levels"] if lvl["checkout"] == name]
+        for key in ("latency_p99_ms", "first_turn_p99_ms", "steady_p50_ms", "client_cpu_ms_per_turn"):
+            assert group[key] == pytest.approx(sum(run[key] for run in runs) / 2)  # the median of two
+    assert "side by side" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_a_checkout_that_would_not_be_served_is_refused(tmp_path: Path) -> None:
+    from benchmarks.load import check_checkout
+
+    check_checkout(ROOT)
+    with pytest.raises(RuntimeError, match="would import server_shim from"):
+        check_checkout(tmp_path)  # no server_shim/ there: the installed one would be served
 
 
 @pytest.mark.timeout(120)
@@ -378,3 +417,17 @@ def test_the_backend_instructions_child_runs_its_chained_turns(mode: str) -> Non
     from benchmarks.backend_instructions import main
 
     assert main(["--child", mode, "--turns", "3", "--no-wait"]) == 0
+
+
+async def test_the_first_turn_herd_counts_each_connections_first_and_chained_turn_apart(server: Any) -> None:
+    """What `benchmarks.instructions --first` counts under callgrind, run here without it: fresh connections, their
+    first turns all at once, then their chained second turns (a wrong chain fails the turn, and the herd with it)."""
+    from benchmarks.floor import Frames
+    from benchmarks.instructions import first_warm_up, herd
+    from tests.support.wire import ws_url
+
+    marks: list[str] = []
+    await herd(ws_url(server), Frames(1), 5, marks.append)
+    assert marks == ["opened", "first", "chained"]
+    assert server.shim.stats.turns == 10
+    assert [first_warm_up(n) for n in (1, 5, 20, 128)] == [20, 20, 20, 128]
