@@ -363,6 +363,9 @@ SIDE_BY_SIDE = (
 )
 
 
+LATENCY_COLUMNS = ("turns/s", "p50 ms", "p99 ms", "first p50", "first p99", "steady p50", "steady p99")
+
+
 def side_by_side(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per level, allocator and checkout, in the order first run: each figure's median over the repeats."""
     groups: dict[tuple[int, str, str | None], list[dict[str, Any]]] = {}
@@ -381,27 +384,8 @@ def side_by_side(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = [
-        [
-            "load: clients",
-            "allocator",
-            "checkout",
-            "turns",
-            "turns/s",
-            "p50 ms",
-            "p99 ms",
-            "first p50",
-            "first p99",
-            "steady p50",
-            "steady p99",
-            "errors",
-            "CPU ms/turn",
-            "client CPU",
-            "RSS idle MB",
-            "peak MB",
-            "after MB",
-        ]
-    ]
+    head = ["load: clients", "allocator", "checkout", "turns", *LATENCY_COLUMNS, "errors", "CPU ms/turn", "client CPU"]
+    rows = [[*head, "RSS idle MB", "peak MB", "after MB"]]
     for lvl in result["levels"]:
         rows.append(
             [
@@ -438,23 +422,8 @@ def table(result: dict[str, Any]) -> str:
 
 
 def _side_by_side_table(groups: list[dict[str, Any]]) -> str:
-    rows = [
-        [
-            "side by side (medians): clients",
-            "allocator",
-            "checkout",
-            "runs",
-            "turns/s",
-            "p50 ms",
-            "p99 ms",
-            "first p50",
-            "first p99",
-            "steady p50",
-            "steady p99",
-            "CPU ms/turn",
-            "client CPU",
-        ]
-    ]
+    head = ["side by side (medians): clients", "allocator", "checkout", "runs", *LATENCY_COLUMNS]
+    rows = [[*head, "CPU ms/turn", "client CPU"]]
     for g in groups:
         figures = [fmt(g[key], 0 if key == "turns_per_s" else 2 if "cpu" in key else 1) for key in SIDE_BY_SIDE]
         rows.append([g["clients"], g["allocator"], g["checkout"] or "-", g["runs"], *figures])
