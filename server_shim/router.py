@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from . import metrics
@@ -118,6 +119,10 @@ class Router:
         self._reachable: dict[str, bool] = {}
         self._published: dict[str, str] = {}
         self._timer: Timer | None = None
+        self._windows = any(d.context_window is not None for d in deployments)
+        """Whether any deployment declares a context window (read once: deployments are made with the router)."""
+        self._routed = {d.name: Routed(d.name, MappingProxyType({})) for d in deployments}
+        """Each deployment's decision when its backend carries nothing, made once (the turn copies the carry)."""
 
     async def models(self) -> list[str]:
         """The public aliases, plus what each `"*"` deployment lists; an error rather than an empty list
@@ -146,7 +151,10 @@ class Router:
         return deployment.hosted_tools if deployment is not None else "drop"
 
     def context_window(self, alias: str, sticky: str | None) -> int | None:
-        """The context window of the deployment a turn will most likely run on (None: not configured)."""
+        """The context window of the deployment a turn will most likely run on (None: not configured).
+        Asked every turn: with no window configured anywhere (the usual case) nothing is looked up."""
+        if not self._windows:
+            return None
         deployment = self._likely(alias, sticky)
         return deployment.context_window if deployment is not None else None
 
@@ -271,7 +279,7 @@ class Router:
                     watch.close()
                 deployment.in_flight -= 1
             self._succeeded(deployment, start, first, pieces)
-            yield Routed(deployment.name, carry)
+            yield Routed(deployment.name, carry) if carry else self._routed[deployment.name]
             return
         raise last_error or self._unavailable(alias)
 

@@ -12,15 +12,17 @@ from server_shim.backends.base import BackendRequest, Finish, TextDelta, ToolCal
 from server_shim.backends.chat_convert import chat_prompt, render_items
 from server_shim.backends.simulated import MAX_OUTPUT_TOKENS
 from server_shim.history import History
+from server_shim.tools import ChatTools
 
 LOOKUP = [{"type": "function", "name": "lookup"}]
 
 
 def request(
-    items, *, tools=None, max_output_tokens=None, previous=(), tool_choice=None, options=None
+    items, *, tools=None, max_output_tokens=None, previous=(), tool_choice=None, options=None, chat_tools=None
 ) -> BackendRequest:
     """The Responses items as a turn hands them: `previous` (earlier turns), then `items` (this one)."""
     return BackendRequest(
+        chat_tools=chat_tools,
         model="simulated-1",
         history=History().extend(previous).extend(items),
         previous_items=len(previous),
@@ -271,3 +273,18 @@ async def test_a_reply_that_would_wait_is_not_ready_at_once():
             yield TextDelta("own")
 
     assert Own().ready(request([user("hi")])) is None
+
+
+@pytest.mark.parametrize("chat_tools", [None, ChatTools()])
+async def test_the_newest_tool_output_is_echoed_whether_or_not_the_request_has_tools(chat_tools):
+    """With no tools the newest message is decoded only when it can be a tool's (`last_tool_message`): the
+    same reply as when it is always decoded; a user's text that spells a tool role is still the user's."""
+    echoed = await collect(SimulatedBackend(), request([CALL, OUTPUT], previous=[user("x")], chat_tools=chat_tools))
+    assert echoed[0] == TextDelta("Tool c1 returned: seven\n") and len(echoed) == 16 + 2
+    spelled = user('"role":"tool" says the user')
+    plain = await collect(SimulatedBackend(), request([spelled], max_output_tokens=2, chat_tools=chat_tools))
+    assert plain[:2] == [TextDelta("simulated "), TextDelta("reply ")]
+    part = {"type": "input_file", "role": "tool", "file_data": "x"}  # a part's keys pass to the chat message
+    multimodal = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, part]}
+    assert chat_prompt(History().extend([multimodal])).last_tool_message is None
+    assert chat_prompt(History().extend([CALL, OUTPUT])).last_tool_message["content"] == "seven"

@@ -32,6 +32,7 @@ Message = dict[str, Any]
 
 RENDERING = "chat"
 """The key of the chat rendering in a `History`'s cache."""
+TOOL_ROLE = b'"role":"tool"'
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +124,15 @@ class ChatPrompt:
     def last_message(self) -> Message | None:
         """The newest message, decoded (a new dict each call)."""
         return orjson.loads(self.own_fragments[-1]) if self.own_fragments else None
+
+    @property
+    def last_tool_message(self) -> Message | None:
+        """The newest message if it is a tool's output, else None; decoded only when its JSON could be one
+        (it holds `"role":"tool"`, as every tool message's canonical encoding does)."""
+        if not self.own_fragments or TOOL_ROLE not in self.own_fragments[-1]:
+            return None
+        message: Message = orjson.loads(self.own_fragments[-1])
+        return message if message["role"] == "tool" else None
 
     def encoded_messages(self, instructions: str | None) -> bytes:
         """The JSON array of messages, with the request's instructions as the leading system message."""

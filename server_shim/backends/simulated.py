@@ -106,8 +106,12 @@ class SimulatedBackend:
         prompt = chat_prompt(request.history)  # the simulator reads the conversation as a chat backend does
         if self.guard:
             return prompt, (TextDelta(self._guard_verdict(prompt)),), STOPPED
-        last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
-        call = _requested_call(request, last)
+        chat = request.chat_tools
+        if chat is not None and chat.tools is None and request.tool_choice is None:  # most turns: nothing to call
+            last, call = prompt.last_tool_message, None  # only a tool's echo reads the newest message
+        else:
+            last = prompt.last_message  # decoded once: a directive, a forced call and a tool's echo all read it
+            call = _requested_call(request, last)
         if call:
             arguments, cut = _bounded(call[1], _budget(request) * CHARS_PER_TOKEN)
             return prompt, _call_pieces((call[0], arguments), prompt.count), LENGTH if cut else CALLED
@@ -213,9 +217,6 @@ def _structured(response_format: Any) -> Iterator[str] | None:
 
 
 def _requested_call(request: BackendRequest, last: Message | None) -> tuple[str, Iterator[str]] | None:
-    chat = request.chat_tools
-    if chat is not None and chat.tools is None and request.tool_choice is None:
-        return None  # most turns: no tools, nothing to call (the turn checked the choice against them)
     tools, choice = chat_tools_and_choice(request)
     if not tools:
         return None
