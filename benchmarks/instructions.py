@@ -6,13 +6,12 @@
 CPU time on a shared machine moves with the load by more than most single changes save; an
 instruction count does not. Each CHECKOUT (a directory holding a `server_shim/`, default this
 one) is served by `responses-ws serve` under `valgrind --tool=callgrind`, instrumented only while
-the turns run (after 20 warm-up turns and the trim that follows their connection's close): the
-floor suite's lean client sends chained
-`response.create` frames, and the count over them is divided by the turns. The usage ledger
-gets a file of its own per checkout, written by record count, never by time (so the count does not
-depend on how long the run took): a batch every `gcd(warm-up turns, counted turns)` records, the
-warm-up's batches written before the count starts and the counted turns' rows inside it (the count
-ends once they are all in the file), so each turn's SQLite row is counted with it. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
+the turns run (after as many warm-up turns, and the trim that follows their connections' close): the
+floor suite's lean client sends chained `response.create` frames, and the count over them is divided by
+the turns. The usage ledger gets a file of its own per checkout, written by record count, never by time
+(so the count does not depend on how long the run took): one batch of the warm-up's records, written
+before the count starts, and one of the counted turns', inside it (the count ends once they are in the
+file), so each turn's SQLite row is counted with it. Then the floor server (`benchmarks/floor_server.py`, replaying the frames
 the first checkout's shim sent for such a turn) is counted the same way, and each checkout's
 count is printed as a ratio to it: the deterministic counterpart of the floor suite's CPU ratio.
 `--keep DIR` keeps each callgrind output (`DIR/shim-<i>.callgrind`, `DIR/floor.callgrind`) for `callgrind_annotate`.
@@ -21,8 +20,8 @@ Needs valgrind on PATH; a run takes about a minute.
 `--first` counts what the `load` suite's start costs instead: `--connections` fresh connections, opened before the
 count, send their first turn (unchained) all at once, then, once every one is answered, their second turn (chained
 to it) all at once; each phase is counted into a callgrind dump of its own and divided by the connections, so a
-connection's first turn is set against a chained turn of the same herd (the warm-up: one connection's chained
-turns, a multiple of `--connections`; the ledger written once per phase, inside its count). `--keep DIR` keeps
+connection's first turn is set against a chained turn of the same herd (the warm-up: two such herds; the ledger
+written once per phase, inside its count). `--keep DIR` keeps
 `DIR/shim-<i>.callgrind.first` and `.chained`.
 """
 
@@ -31,7 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
+import functools
 import os
 import re
 import shutil
@@ -48,9 +47,10 @@ from typing import Any
 import orjson
 
 from .common import Subprocess, free_port, shim_command
-from .floor import Frames, _open, _turn, capture, measure
+from .floor import Frames, _open, _turn, capture
 
-WARM_UP_TURNS = 20
+WARM_UP_HERDS = 2
+"""`--first`: herds run before the count (each one's phases a batch of usage records, written before the next)."""
 AFTER_WARM_UP_S = 4.0
 """Wait after the warm-up connections close: the shim trims once per burst of closes (`trim.py`: a full
 collection, the attribute cache emptied, a second after the last close), a cost per burst, not per turn."""
@@ -134,14 +134,18 @@ def count(
     """
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
         with Counted(server, cwd, env, Path(scratch)) as served:
-            _warm_up(served, tokens, connections, WARM_UP_TURNS, rows)
-            served.on()
-            asyncio.run(measure(served.url, served.proc.pid, Frames(tokens), connections, turns))
-            if rows is not None:
-                waited = wait_for_rows(rows, connections * (WARM_UP_TURNS + turns))
-                if waited > 0.8:
-                    print(f"the usage rows took {waited:.1f} s: the shim's after-close trim may be counted", flush=True)
-            served.off()
+            asyncio.run(drive(served.url, Frames(tokens), connections, [turns], lambda _: None))
+            _after_warm_up(rows, connections * turns)
+
+            def mark(phase: int) -> None:
+                if phase == 0:
+                    served.on()
+                    return
+                if rows is not None:
+                    wait_for_rows(rows, 2 * connections * turns)
+                served.off()
+
+            asyncio.run(drive(served.url, Frames(tokens), connections, [turns], mark))
             if after is not None:
                 after(served.url)
         if keep is not None:
@@ -150,27 +154,30 @@ def count(
     return served.collected / (connections * turns)
 
 
-def _warm_up(served: Counted, tokens: int, connections: int, turns: int, rows: Callable[[], int] | None) -> None:
-    """Chained turns before anything is counted, their connections closed, and the trim after that burst of closes."""
-    asyncio.run(measure(served.url, served.proc.pid, Frames(tokens), connections, turns))
+def _after_warm_up(rows: Callable[[], int] | None, written: int) -> None:
+    """The trim after the warm-up's burst of closes, and its usage records all written, before the count starts."""
     time.sleep(AFTER_WARM_UP_S)  # the shim's after-burst trim (1 s after the warm-up's closes) runs first
     if rows is not None:
-        wait_for_rows(rows, connections * turns)
+        wait_for_rows(rows, written)
 
 
-async def herd(url: str, frames: Frames, connections: int, mark: Callable[[str], None]) -> None:
-    """`connections` fresh connections, opened before anything is counted (`mark("opened")`), send their first
-    turn (unchained) all at once, as the `load` suite's clients do (`mark("first")` once every one is answered),
-    then their second turn (chained to it) all at once (`mark("chained")`), and close."""
+async def drive(url: str, frames: Frames, connections: int, phases: list[int], mark: Callable[[int], None]) -> None:
+    """`connections` connections, opened first (`mark(0)`); then in each phase `i`, every connection's next
+    `phases[i]` chained turns, all connections at once (each one's first turn unchained; its chain goes on from
+    phase to phase), and `mark(i + 1)` once every one is answered; then they close (after the last mark: the
+    shim's trim after a burst of closes is never counted)."""
     sockets = await asyncio.gather(*(_open(url) for _ in range(connections)))
+    chains: list[bytes | None] = [None] * connections
+
+    async def chain(i: int, turns: int) -> None:
+        for _ in range(turns):
+            chains[i], _ = await _turn(sockets[i], frames.chained(chains[i]))
+
     try:
-        mark("opened")
-        ids = await asyncio.gather(*(_turn(ws, frames.chained(None)) for ws in sockets))
-        mark("first")
-        await asyncio.gather(
-            *(_turn(ws, frames.chained(previous)) for ws, (previous, _) in zip(sockets, ids, strict=True))
-        )
-        mark("chained")
+        mark(0)
+        for phase, turns in enumerate(phases, 1):
+            await asyncio.gather(*(chain(i, turns) for i in range(connections)))
+            mark(phase)
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets))
 
@@ -187,22 +194,29 @@ def count_first(
     rows: Callable[[], int] | None = None,
 ) -> tuple[float, float]:
     """Instructions per first turn on a fresh connection and per second (chained) turn, `connections` at once
-    (`herd`), each phase counted into a callgrind dump of its own (copied to `keep`.first and `keep`.chained)."""
-    warm_up = first_warm_up(connections)
+    (`drive` in two phases of one turn: a herd), each phase counted into a callgrind dump of its own (copied
+    to `keep`.first and `keep`.chained)."""
+    warm_up = 2 * connections * WARM_UP_HERDS
+
+    def rows_of(phase: int, before: int) -> None:
+        if rows is not None:
+            wait_for_rows(rows, before + phase * connections)
+
     with tempfile.TemporaryDirectory(prefix="responses-ws-instructions-") as scratch:
         with Counted(server, cwd, env, Path(scratch)) as served:
-            _warm_up(served, tokens, 1, warm_up, rows)
-            written = {"opened": 0, "first": connections, "chained": 2 * connections}
+            for before in range(0, warm_up, 2 * connections):
+                herd = functools.partial(rows_of, before=before)
+                asyncio.run(drive(served.url, Frames(tokens), connections, [1, 1], herd))
+            _after_warm_up(rows, warm_up)
 
-            def mark(phase: str) -> None:
-                if rows is not None:
-                    wait_for_rows(rows, warm_up + written[phase])
-                if phase == "opened":
+            def mark(phase: int) -> None:
+                rows_of(phase, warm_up)
+                if phase == 0:
                     served.on()
                 else:
                     served.dump()
 
-            asyncio.run(herd(served.url, Frames(tokens), connections, mark))
+            asyncio.run(drive(served.url, Frames(tokens), connections, [1, 1], mark))
             served.off()
             if after is not None:
                 after(served.url)
@@ -307,15 +321,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _batch(connections: int, turns: int, first: bool) -> int:
-    """The usage ledger's records per write: a divisor of the warm-up's records and of each counted phase's (with
-    `--first`, a phase's records, which arrive all at once: a smaller batch could leave a remainder unwritten)."""
-    return connections if first else connections * math.gcd(WARM_UP_TURNS, turns)
-
-
-def first_warm_up(connections: int) -> int:
-    """`--first`: the warm-up's chained turns on one connection, at least `WARM_UP_TURNS`, a multiple of
-    `connections` (the ledger's batch)."""
-    return connections * math.ceil(WARM_UP_TURNS / connections)
+    """The usage ledger's records per write: all the records of a run of turns that nothing follows until they are
+    written (the warm-up, the counted turns; with `--first`, each phase of a herd). A batch that a run's later
+    records follow at once may take some of them too (the ledger writes what is queued when its flusher wakes, a
+    few loop iterations after the batch filled), and leave a remainder that no batch writes."""
+    return connections if first else connections * turns
 
 
 def _per_turn(counts: tuple[float, ...]) -> str:

@@ -419,15 +419,17 @@ def test_the_backend_instructions_child_runs_its_chained_turns(mode: str) -> Non
     assert main(["--child", mode, "--turns", "3", "--no-wait"]) == 0
 
 
-async def test_the_first_turn_herd_counts_each_connections_first_and_chained_turn_apart(server: Any) -> None:
-    """What `benchmarks.instructions --first` counts under callgrind, run here without it: fresh connections, their
-    first turns all at once, then their chained second turns (a wrong chain fails the turn, and the herd with it)."""
+async def test_the_counted_clients_mark_each_phase_with_every_turn_answered(server: Any) -> None:
+    """What `benchmarks.instructions` counts under callgrind, run here without it: connections opened first, then
+    phases of chained turns (`--first`: a herd's first turns, then its second; a wrong chain fails a turn, and the
+    run with it), each mark once every turn before it is answered."""
     from benchmarks.floor import Frames
-    from benchmarks.instructions import first_warm_up, herd
+    from benchmarks.instructions import drive
     from tests.support.wire import ws_url
 
-    marks: list[str] = []
-    await herd(ws_url(server), Frames(1), 5, marks.append)
-    assert marks == ["opened", "first", "chained"]
-    assert server.shim.stats.turns == 10
-    assert [first_warm_up(n) for n in (1, 5, 20, 128)] == [20, 20, 20, 128]
+    turns_at: list[tuple[int, int]] = []
+    await drive(ws_url(server), Frames(1), 5, [1, 1], lambda phase: turns_at.append((phase, server.shim.stats.turns)))
+    assert turns_at == [(0, 0), (1, 5), (2, 10)]
+    turns_at.clear()
+    await drive(ws_url(server), Frames(1), 2, [7], lambda phase: turns_at.append((phase, server.shim.stats.turns)))
+    assert turns_at == [(0, 10), (1, 24)]
