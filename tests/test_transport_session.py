@@ -231,3 +231,49 @@ async def test_a_frame_that_is_not_json_fails_the_turn_at_once_however_much_the_
             async with asyncio.timeout(10):
                 with pytest.raises(openai.APIConnectionError):
                     await wrapped.responses.create(model=MODEL, input="hello")
+
+
+# --- messages routed from the socket's read, and those left to `websockets` --------------------------------
+
+
+async def test_whole_text_messages_are_routed_as_the_socket_reads_them() -> None:
+    script = Script()
+    async with started(script) as base_url, client(base_url) as wrapped:
+        history: list[Any] = [{"role": "user", "content": "hello"}]
+        for turn in range(3):
+            history += (await wrapped.responses.create(model=MODEL, input=history)).output
+            history.append({"role": "user", "content": f"more {turn}"})
+        (conn,) = ws_transport.session_of(wrapped).connections
+        assert conn.taking, "no message was left to websockets' own reading"
+    assert ["previous_response_id" in frame for frame in script.frames] == [False, True, True]
+
+
+@pytest.mark.parametrize("odd", ["fragmented", "binary"])
+async def test_a_message_left_to_websockets_is_not_overtaken_by_the_whole_messages_after_it(odd: str) -> None:
+    """A fragmented or binary message goes through `websockets`' assembler and the reader task; the whole text
+    messages sent right after it go the same way from then on, so the turn sees every event in order, and
+    the socket keeps serving chained turns."""
+
+    async def handler(socket: ServerConnection) -> None:
+        async for message in socket:
+            frame = json.loads(message)
+            script.frames.append(frame)
+            created, completed = answer(frame, len(script.frames))
+            delta = {"type": "response.output_text.delta", "delta": "x", "stream_id": frame.get("stream_id")}
+            first = json.dumps(created)
+            await socket.send([first[:20], first[20:]] if odd == "fragmented" else first.encode())
+            await socket.send(json.dumps(delta))
+            await socket.send(json.dumps(completed))
+
+    script = Script()
+    async with serve(handler, "127.0.0.1", 0) as listener:
+        base_url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/v1"
+        async with client(base_url) as wrapped:
+            history: list[Any] = [{"role": "user", "content": "hello"}]
+            events = [e async for e in await wrapped.responses.create(model=MODEL, input=history, stream=True)]
+            assert [e.type for e in events] == ["response.created", "response.output_text.delta", "response.completed"]
+            history += [*events[-1].response.output, {"role": "user", "content": "more"}]
+            assert (await wrapped.responses.create(model=MODEL, input=history)).id == "resp_2"
+            (conn,) = ws_transport.session_of(wrapped).connections
+            assert not conn.taking
+    assert "previous_response_id" in script.frames[1]

@@ -5,6 +5,13 @@ A `Connection` owns a socket and, once `start()`ed, a reader task that puts each
 abandoned turn has no lane and is dropped instead of reaching the next turn. What the socket may
 be used for is the `policy.Socket` record it carries; this module decides nothing.
 
+A whole text message is routed from the socket's read itself (`websockets` hands each parsed frame to the
+connection's `process_event`, which the connection takes over): no queueing in `websockets`' assembler,
+no `recv()` and no wake-up of the reader task per message, which cost a wrapped turn about as much as
+the rest of its reading (`python -m benchmarks.client_instructions`). The reader task stays for
+whatever the assembler still gets: fragmented and binary messages (after the first, every later message
+goes that way too, so none overtakes another), a frame that is not JSON, and the socket's close.
+
 A lane is a deque and at most one waiting future, not an `asyncio.Queue`, and a wait's timeout is a
 deadline on the lane checked by one timer per connection, not an `asyncio.timeout` per wait: with the
 SDK's 600 s read timeout that timer is scheduled once and rarely moved, where a timer per wait was
@@ -25,6 +32,7 @@ from typing import Any, Protocol
 import orjson
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import DATA_OPCODES, Frame, Opcode
 
 from .errors import ConnectionLost
 from .policy import Socket
@@ -93,6 +101,9 @@ class Connection:
         """How many open lanes keep every event (streams): while none does, non-terminal frames are dropped unparsed."""
         self.closed: Closed | None = None
         self.reader: asyncio.Task[None] | None = None
+        self.listener: Listener | None = None
+        self.taking = False
+        """Whole text messages are routed from the socket's read (see the module's docstring)."""
         self._lane_ids = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -103,7 +114,13 @@ class Connection:
 
     def start(self, listener: Listener) -> None:
         """Start reading; the listener hears of the close and of events no lane waits for."""
+        self.listener = listener
         self.reader = asyncio.create_task(self._read(listener), name=f"ws_transport reader #{self.generation}")
+        process_event = getattr(self.socket, "process_event", None)
+        if process_event is not None:  # every `websockets` asyncio connection has one; the reader alone otherwise
+            self._process_event = process_event
+            self.taking = True
+            self.socket.process_event = self._take_event  # type: ignore[method-assign,assignment]
 
     def open_lane(self, *, terminal_only: bool = False) -> str | None:
         lane = None
@@ -202,7 +219,31 @@ class Connection:
                 self._timer = None
             listener.socket_closed(self)
 
-    def _unwanted(self, message: bytes) -> bool:
+    def _take_event(self, event: object) -> None:
+        """The socket's `process_event`: a whole text message is routed here and now; anything else goes on to
+        `websockets` (and its recv, the reader's), and once a data frame did, every later one does."""
+        if self.taking and type(event) is Frame:
+            opcode = event.opcode
+            if opcode is Opcode.TEXT and event.fin and self._take(event.data):
+                return
+            if opcode in DATA_OPCODES:
+                self.taking = False
+        self._process_event(event)
+
+    def _take(self, message: bytes | bytearray | memoryview) -> bool:
+        """Route one message as the reader would; False for one that is not JSON (the reader closes the socket)."""
+        if self._unwanted(message):
+            return True
+        try:
+            event = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            return False
+        if isinstance(event, dict):
+            assert self.listener is not None
+            self._route(event, self.listener)
+        return True
+
+    def _unwanted(self, message: bytes | bytearray | memoryview) -> bool:
         """Whether the frame is one no lane keeps, told without parsing it: every open lane keeps only its
         terminal events, and the frame opens with a plain type that is not one (`{"type":"response.created",`,
         as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
