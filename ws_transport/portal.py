@@ -95,19 +95,35 @@ class Portal:
 class Handoff(Generic[T]):
     """A coroutine run as a task on the portal's loop, its outcome waited for from another thread.
 
-    One lock is the whole hand-over: `run_coroutine_threadsafe`'s future, condition and chained
-    callbacks cost a direct turn as much as the wire did, and a streamed turn as much once per event.
+    One lock is the whole hand-over, released by the task itself as its coroutine ends:
+    `run_coroutine_threadsafe`'s future, condition and chained callbacks cost a direct turn as much
+    as the wire did, and a streamed turn as much once per event; a done callback would cost one more
+    turn of the loop before the waiting thread is let go.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
         self._finished = threading.Lock()
         self._finished.acquire()
-        self._task: asyncio.Task[T] | None = None
+        self._outcome: tuple[bool, Any] | None = None
+        """(True, the result) or (False, the exception), set before the lock is released."""
+        self._task: asyncio.Task[None] | None = None
         loop.call_soon_threadsafe(self._start, loop, coro)
 
     def _start(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
-        self._task = loop.create_task(coro)
-        self._task.add_done_callback(lambda _: self._finished.release())
+        self._task = loop.create_task(self._run(coro))
+
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> None:
+        """`coro`'s outcome kept here; a cancellation (and `KeyboardInterrupt`, `SystemExit`) also ends the task
+        as it would have ended it, an exception is the caller's only (the task does not log it as never retrieved)."""
+        try:
+            self._outcome = (True, await coro)
+        except Exception as exc:
+            self._outcome = (False, exc)
+        except BaseException as exc:
+            self._outcome = (False, exc)
+            raise
+        finally:
+            self._finished.release()
 
     def result(self, timeout: float | None = None) -> T:
         """The coroutine's result or exception; `concurrent.futures.CancelledError` when its task was
@@ -115,10 +131,13 @@ class Handoff(Generic[T]):
         if not self._finished.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError(f"the portal's call did not finish in {timeout} s")
         self._finished.release()  # finished for good: a later call answers at once
-        assert self._task is not None
-        if self._task.cancelled():
+        assert self._outcome is not None
+        done, value = self._outcome
+        if done:
+            return value  # type: ignore[no-any-return]
+        if isinstance(value, asyncio.CancelledError):
             raise concurrent.futures.CancelledError
-        return self._task.result()
+        raise value
 
 
 class AsyncChunks(Protocol):
