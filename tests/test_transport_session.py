@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI
 from support.clock import FakeClock
@@ -116,10 +117,30 @@ async def test_frames_no_lane_keeps_are_dropped_unparsed_only_when_their_type_is
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     conn = Connection(None, Socket(1, (), 0.0, capacity=16), lanes=True)  # type: ignore[arg-type]  # no I/O here
-    delta = b'{"type":"response.output_text.delta","delta":"x","stream_id":"t1"}'
-    assert conn._unwanted(delta), "no lane open: a stray delta"
+    strays: list[dict[str, Any]] = []
+
+    class Listener:
+        def socket_closed(self, conn: Connection) -> None:
+            pass
+
+        def stray_event(self, conn: Connection, event: dict[str, Any]) -> None:
+            strays.append(event)
+
+    conn.listener = Listener()
+
+    def parsed(frame: bytes) -> bool:
+        """Whether `frame` was parsed (a frame for no lane then reaches the listener as a stray)."""
+        before = len(strays)
+        try:
+            conn._take(frame)
+        except orjson.JSONDecodeError:
+            return True
+        return len(strays) > before
+
+    delta = b'{"type":"response.output_text.delta","delta":"x","stream_id":"t999"}'
+    assert not parsed(delta), "no lane open: a stray delta"
     outcome = conn.open_lane(terminal_only=True)
-    assert conn._unwanted(delta)
+    assert not parsed(delta)
     for kept in (
         b'{"type":"response.completed","response":{}}',
         b'{"type":"response.incomplete","response":{}}',
@@ -130,14 +151,16 @@ async def test_frames_no_lane_keeps_are_dropped_unparsed_only_when_their_type_is
         b'{ "type": "response.output_text.delta"}',
         b'{"type":"',
     ):
-        assert not conn._unwanted(kept), kept
+        assert parsed(kept), kept
     streaming = conn.open_lane()
-    assert not conn._unwanted(delta), "a streaming lane keeps every event"
+    assert parsed(delta), "a streaming lane keeps every event"
     conn.close_lane(streaming)
-    assert conn._unwanted(delta)
-    with caplog.at_level(logging.DEBUG, logger="ws_transport"):
-        assert not conn._unwanted(delta), "with debug logging on, strays are parsed and logged"
+    assert not parsed(delta)
     conn.close_lane(outcome)
+    with caplog.at_level(logging.DEBUG, logger="ws_transport"):
+        debugged = conn.open_lane(terminal_only=True)
+        assert parsed(delta), "with debug logging on when a lane opened, strays are parsed and logged"
+        conn.close_lane(debugged)
 
 
 async def test_an_event_for_another_lane_never_reaches_the_turn() -> None:

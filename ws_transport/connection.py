@@ -46,6 +46,8 @@ PLAIN_UNKEPT_TYPE = re.compile(
     rb'\{"type":"(?!(?:' + b"|".join(re.escape(kind.encode()) for kind in sorted(TERMINAL_EVENTS)) + rb')")[^"\\]+"'
 )
 """A frame opening with a plain type (no escapes) that is not a terminal one, as the shim writes every event."""
+plain_unkept = PLAIN_UNKEPT_TYPE.match
+TEXT = Opcode.TEXT
 SEND_TEXT_BYTES = "text" in inspect.signature(ClientConnection.send).parameters
 """websockets 14+ sends bytes as a text frame as they are."""
 
@@ -99,6 +101,9 @@ class Connection:
         self.lanes: dict[str | None, Lane] = {}
         self.keeping_all = 0
         """How many open lanes keep every event (streams): while none does, non-terminal frames are dropped unparsed."""
+        self.parsing_all = False
+        """Every frame is parsed: a lane keeps every event, or debug logging was on when a lane last opened or closed
+        (then strays are logged)."""
         self.closed: Closed | None = None
         self.reader: asyncio.Task[None] | None = None
         self.listener: Listener | None = None
@@ -130,12 +135,14 @@ class Connection:
         self.close_lane(lane)
         self.lanes[lane] = Lane(terminal_only=terminal_only)
         self.keeping_all += not terminal_only
+        self.parsing_all = self.keeping_all > 0 or log.isEnabledFor(logging.DEBUG)
         return lane
 
     def close_lane(self, lane: str | None) -> None:
         closed = self.lanes.pop(lane, None)
         if closed is not None:
             self.keeping_all -= not closed.terminal_only
+            self.parsing_all = self.keeping_all > 0 or log.isEnabledFor(logging.DEBUG)
 
     async def send(self, frame: bytes) -> None:
         try:
@@ -196,12 +203,7 @@ class Connection:
     async def _read(self, listener: Listener) -> None:
         try:
             while True:
-                message = await self.socket.recv(decode=False)  # JSON bytes: orjson reads them undecoded
-                if self._unwanted(message):
-                    continue
-                event = orjson.loads(message)
-                if isinstance(event, dict):
-                    self._route(event, listener)
+                self._take(await self.socket.recv(decode=False))  # JSON bytes: orjson reads them undecoded
         except ConnectionClosed:
             pass
         except asyncio.CancelledError:
@@ -224,43 +226,35 @@ class Connection:
         `websockets` (and its recv, the reader's), and once a data frame did, every later one does."""
         if self.taking and type(event) is Frame:
             opcode = event.opcode
-            if opcode is Opcode.TEXT and event.fin and self._take(event.data):
-                return
+            if opcode is TEXT and event.fin:
+                try:
+                    self._take(event.data)
+                    return
+                except orjson.JSONDecodeError:
+                    pass  # to the reader, which closes the socket
             if opcode in DATA_OPCODES:
                 self.taking = False
         self._process_event(event)
 
-    def _take(self, message: bytes | bytearray | memoryview) -> bool:
-        """Route one message as the reader would; False for one that is not JSON (the reader closes the socket)."""
-        if self._unwanted(message):
-            return True
-        try:
-            event = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            return False
-        if isinstance(event, dict):
-            assert self.listener is not None
-            self._route(event, self.listener)
-        return True
+    def _take(self, message: bytes | bytearray | memoryview) -> None:
+        """Route one message to its lane (`orjson.JSONDecodeError` for one that is not JSON).
 
-    def _unwanted(self, message: bytes | bytearray | memoryview) -> bool:
-        """Whether the frame is one no lane keeps, told without parsing it: every open lane keeps only its
+        Dropped unparsed when no lane keeps it, told without parsing it: every open lane keeps only its
         terminal events, and the frame opens with a plain type that is not one (`{"type":"response.created",`,
         as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
         non-terminal event is not logged: with debug logging on, every frame is parsed."""
-        return (
-            not self.keeping_all
-            and PLAIN_UNKEPT_TYPE.match(message) is not None
-            and not log.isEnabledFor(logging.DEBUG)
-        )
+        if self.parsing_all or plain_unkept(message) is None:
+            event = orjson.loads(message)
+            if type(event) is dict:
+                self._route(event)
 
-    def _route(self, event: dict[str, Any], listener: Listener) -> None:
+    def _route(self, event: dict[str, Any]) -> None:
         lane = self.lanes.get(event.get("stream_id") if self.use_lanes else None)
         if lane is not None:
             if not lane.terminal_only or event.get("type") in TERMINAL_EVENTS:
                 lane.put(event)
-        else:
-            listener.stray_event(self, event)
+        elif self.listener is not None:
+            self.listener.stray_event(self, event)
 
 
 async def close_discarding(socket: ClientConnection, code: int = 1000) -> None:
