@@ -88,18 +88,15 @@ class Journal:
         self._token = secrets.token_hex(4)
         self._sequence = Sequence()
         self._fd = -1
-        self._path: Path | None = None
+        self._path: str | None = None
         self._open()
-
-    def _segment_path(self, sequence: int) -> Path:
-        return self.directory / f"{os.getpid()}-{self._token}-{sequence}.jsonl"
 
     def _open(self) -> None:
         """A new segment, created under a temporary name and locked before it gets its scanned name, so no
-        replayer takes it."""
+        replayer takes it. Its names are plain strings: a `Path` is made and parsed again for each operation on it."""
         self._sequence.opened += 1
-        final = self._segment_path(self._sequence.opened)
-        temporary = final.with_suffix(".new")
+        stem = f"{self.directory}/{os.getpid()}-{self._token}-{self._sequence.opened}"
+        final, temporary = stem + ".jsonl", stem + ".new"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(temporary, final)
@@ -110,7 +107,7 @@ class Journal:
             self._open()
         os.write(self._fd, orjson.dumps(tuple(record), option=orjson.OPT_APPEND_NEWLINE))  # orjson takes no named tuple
 
-    def rotate(self) -> tuple[int, Path | None]:
+    def rotate(self) -> tuple[int, str | None]:
         """End the current segment (the next `append` opens a new one); the caller deletes the old one
         (`retire`) once its records are written."""
         old = (self._fd, self._path)
@@ -118,10 +115,11 @@ class Journal:
         return old
 
     @staticmethod
-    def retire(segment: tuple[int, Path | None]) -> None:
+    def retire(segment: tuple[int, str | Path | None]) -> None:
         fd, path = segment
         if path is not None:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -27,6 +27,10 @@ at the next start of a crashed server; a journal replayed more than two days aft
 could count the few records flushed in the instant before the crash twice."""
 
 _INSERT = f"INSERT OR IGNORE INTO usage VALUES ({', '.join('?' for _ in COLUMNS)})"
+"""Takes a row as a plain tuple in column order, `estimated` (the last column) as 0 or 1: what SQLite stores for the
+record itself, at about a quarter less of the writer's work per row. `sqlite3` reads a tuple subclass's values one
+by one through its `__getitem__` slot (~700 instructions each), and "adapts" a bool before binding it as the
+integer it stores (~3,300 instructions: a lookup that raises and clears an AttributeError)."""
 
 _ADD_ONCE = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
@@ -62,8 +66,9 @@ class SqliteSink:
         every 200 cursors, so a cursor per write left up to 200 dead references allocated during a burst."""
 
     def write(self, records: list[UsageRecord]) -> None:
+        rows = [(*record[:-1], 1 if record.estimated else 0) for record in records]
         with self._lock, self._db:
-            self._cursor.executemany(_INSERT, records)  # a record is a tuple in column order: the row
+            self._cursor.executemany(_INSERT, rows)
 
     def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
         query = f"SELECT {', '.join(COLUMNS)} FROM usage WHERE created_at >= ?"

@@ -58,6 +58,28 @@ def test_sqlite_writes_are_idempotent_on_the_response_id(tmp_path):
     sink.close()
 
 
+@pytest.mark.parametrize("estimated", [False, True])
+@pytest.mark.parametrize("tenant", ["alice", None])
+def test_a_record_is_stored_as_sqlite_stores_the_record_itself(tmp_path, tenant, estimated):
+    """The sink binds plain tuples with `estimated` as 0 or 1 (cheaper to bind): the same values of the same SQLite
+    types as binding the named tuple itself, as it did before."""
+    records = [
+        record("resp_a", tenant=tenant, estimated=estimated),
+        record("resp_b", tenant=tenant, deployment=None, connection_id=None, ttft_ms=None, created_at=1_700_000_000),
+    ]
+    sink = SqliteSink(tmp_path / "usage.db")
+    sink.write(records)
+    sink.close()
+    with sqlite3.connect(tmp_path / "usage.db") as db:
+        db.execute("CREATE TABLE reference AS SELECT * FROM usage WHERE 0")
+        db.executemany(f"INSERT INTO reference VALUES ({', '.join('?' for _ in UsageRecord._fields)})", records)
+        typed = ", ".join(f"{name}, typeof({name})" for name in UsageRecord._fields)
+        stored, reference = (
+            db.execute(f"SELECT {typed} FROM {table} ORDER BY id").fetchall() for table in ("usage", "reference")
+        )
+    assert stored == reference and len(stored) == 2
+
+
 def test_redis_stream_writes_are_idempotent_on_the_response_id(redis_server):
     sink = RedisStreamSink(redis_server.url)
     sink.write([record("resp_1"), record("resp_2")])
