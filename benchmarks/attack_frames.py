@@ -28,11 +28,11 @@ ATTACK_KINDS = (
 
 SERVER_MODES = """
 import server_shim.json_slices as json_slices, server_shim.requests as requests_module
-import server_shim.turn_plan as turn_plan, server_shim.request_fields as request_fields
+import server_shim.turn_settings as turn_settings, server_shim.request_fields as request_fields
 from server_shim.json_shape import Shape
 from server_shim.limits import DEFAULT_LIMITS
 DEFAULT_VALUES = DEFAULT_LIMITS.max_json_values
-measured_load, checked_body, forwarded = json_slices.load_measured, requests_module.check_body, turn_plan.responses_fields
+measured_load, checked_body, forwarded = json_slices.load_measured, requests_module.check_body, turn_settings.responses_fields
 async def unmeasured_load(data, nbytes, threshold, max_values, max_depth):
     return await json_slices.load(data, nbytes, threshold), Shape(0, max_depth + 1)
 def walked_body(body, limits, depth=None):
@@ -45,7 +45,7 @@ def walks(mode):
     before = mode == "before"
     json_slices.load_measured = {"before": unmeasured_load, "after": default_bound_load}.get(mode, measured_load)
     requests_module.check_body = walked_body if before else checked_body
-    turn_plan.responses_fields = dumped_fields if before else forwarded
+    turn_settings.responses_fields = dumped_fields if before else forwarded
 """
 """Run in the server process: `walks("before")` puts back what a request cost before `max_json_values` (no
 count, the depth walks always, `model_dump` of every forwarded field); `walks("after")` is the shipped code at

@@ -27,6 +27,7 @@ from .tokens import Counted, TokenCount, account
 from .tools import restore_calls
 from .turn_plan import TurnEnv, TurnPlan, TurnResult
 from .turn_prepare import plan_turn
+from .turn_settings import SettingsMemo
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Turn:
         transport: str = "websocket",
         connection_id: str | None = None,
         tenant: str | None = None,
+        memo: SettingsMemo | None = None,
     ) -> None:
         self.request = request
         self.env = env
@@ -67,6 +69,8 @@ class Turn:
         self.transport = transport
         self.connection_id = connection_id
         self.tenant = tenant
+        self.memo = memo
+        """The connection's derivation from the settings, reused while they stay the same (`turn_settings`)."""
         self.seq = EventSequence(stream_id)
         self.result = TurnResult()
         self._started = time.monotonic()
@@ -92,7 +96,7 @@ class Turn:
     async def prepare(self) -> None:
         """Everything before inference (`turn_prepare`); raises `APIError` and leaves all state untouched."""
         if self._plan is None:
-            self._plan = await plan_turn(self.request, self.env, self.cache, self.tenant, self.result)
+            self._plan = await plan_turn(self.request, self.env, self.cache, self.tenant, self.result, self.memo)
 
     @property
     def history(self) -> History:

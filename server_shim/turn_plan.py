@@ -8,7 +8,7 @@ lookups a turn starts with (the previous response, the models for an unknown one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,14 +23,13 @@ from .history import History
 from .items import CALL_TYPES, Item
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .postinference import PostInference
-from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
-from .response_held import ECHO_DEFAULT_SIZES
 from .safety import Classifier, Validator
 from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses, shared_tools
 from .tokens import TokenCount, TokenCounter
 from .tools import ChatTools
+from .turn_settings import Derived
 
 _CACHE_HITS = metrics.CACHE_LOOKUPS.labels("hit")
 
@@ -81,8 +80,10 @@ class TurnPlan:
     """The client's tools as a backend gets them: hosted ones left out unless the deployment's policy is `pass`."""
     base_held: int
     """Memory of the history this turn extends (shared with the previous state, not its own)."""
+    derived: Derived
+    """What the turn derives from the request's settings alone (the backend's fields...: `turn_settings`)."""
     echoed: dict[str, Any] = field(default_factory=dict)
-    """The request fields its Response objects echo (`echoed_fields`), read once for the turn."""
+    """The request fields its Response objects echo (`Derived.echo`), read once for the turn."""
     held: RequestHeld = field(default_factory=lambda: RequestHeld(None, {}))
     """What the request's tools and echoed containers hold, measured in slices (`request_held`)."""
     checks: CheckOutcome = field(default_factory=CheckOutcome)
@@ -133,8 +134,8 @@ class TurnPlan:
             tool_choice=request.tool_choice,
             chat_tools=self.tools,
             max_output_tokens=request.max_output_tokens,
-            options=chat_options(request),
-            responses_fields=responses_fields(request),
+            options={**self.derived.options},
+            responses_fields={**self.derived.fields},
             previous_items=self.previous_items,
             deployment=self.deployment,
             connection_id=connection_id,
@@ -198,23 +199,6 @@ async def batch_held(batch: tuple[Item, ...]) -> int:
     return await footprint_in_slices(batch)
 
 
-def _echoed_parts(echoed: dict[str, Any], given: Iterable[str]) -> list[dict[str, Any] | list[Any]]:
-    """The request's containers that the Response object echoes (a `text.format` schema, a `tool_choice`...: up to
-    `max_json_values` values), to be measured in slices; `ResponseState` takes their footprints as known rather
-    than walking them at once. The tools are measured apart. Only the fields the request set (`given`) are looked
-    at: every other one echoes a default, measured once (`ECHO_DEFAULT_SIZES`)."""
-    parts: list[dict[str, Any] | list[Any]] = []
-    for name in given:
-        value = echoed[name]
-        if name == "tools" or not isinstance(value, (dict, list)):
-            continue
-        nested = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
-        for part in nested:  # text and reasoning: fresh dicts, merged over the defaults
-            if isinstance(part, (dict, list)) and id(part) not in ECHO_DEFAULT_SIZES:
-                parts.append(part)
-    return parts
-
-
 class RequestHeld(NamedTuple):
     """Footprints measured while the turn is prepared, for its `ResponseState` (a named tuple: a frozen
     dataclass's `__init__` costs thousands of instructions, a field set through `object.__setattr__` each)."""
@@ -225,23 +209,24 @@ class RequestHeld(NamedTuple):
     """The other request containers the Response echoes, by `id`."""
 
 
-def request_walks(
-    request: CreateRequest, previous: ResponseState | None, echoed: dict[str, Any], given: Iterable[str]
-) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any] | list[Any]]]:
-    """What `request_held` walks: the request's tools (None when the state keeps the previous state's equal list,
-    `shared_tools`, and its footprint with it) and its echoed containers (`echoed`, `given`: its `echo_of`)."""
+def walked_tools(request: CreateRequest, previous: ResponseState | None) -> list[dict[str, Any]] | None:
+    """The request's tools for `request_held` to walk: None when the state keeps the previous state's equal list
+    (`shared_tools`, and its footprint with it)."""
     tools = request.tools
     if tools and previous is not None and previous.tools == tools:
         tools = None
-    return tools or None, _echoed_parts(echoed, given)
+    return tools or None
 
 
-async def request_held(tools: list[dict[str, Any]] | None, parts: list[dict[str, Any] | list[Any]]) -> RequestHeld:
-    """The footprints of `request_walks`' tools and containers, walked in slices that let other connections run
-    (up to `max_json_values` values each: ~100 ms in one go)."""
+async def request_held(tools: list[dict[str, Any]] | None, derived: Derived) -> RequestHeld:
+    """The footprints of `walked_tools`' tools and of the derivation's echoed containers (measured once per
+    derivation, which a connection reuses while the settings stay the same), walked in slices that let other
+    connections run (up to `max_json_values` values each: ~100 ms in one go)."""
     tools_held = await footprint_in_slices(tools) if tools else None
-    held: dict[int, int] = {}
-    for part in parts:
-        if id(part) not in held:
-            held[id(part)] = await footprint_in_slices(part)
-    return RequestHeld(tools_held, held)
+    if derived.echo_held is None:
+        held: dict[int, int] = {}
+        for part in derived.parts:
+            if id(part) not in held:
+                held[id(part)] = await footprint_in_slices(part)
+        derived.echo_held = held
+    return RequestHeld(tools_held, derived.echo_held)

@@ -16,7 +16,6 @@ from .callids import with_calls
 from .checks import CheckOutcome, prepare_checks
 from .compaction import expand_compactions
 from .errors import model_not_found
-from .events import echo_of
 from .history import History
 from .items import normalize_input, resolve_references, validate_items
 from .limits import check_conversation_bytes, check_reference_bytes, is_large
@@ -33,16 +32,23 @@ from .turn_plan import (
     batch_held,
     cached_previous,
     request_held,
-    request_walks,
     resolve_previous,
     served_models,
+    walked_tools,
 )
+from .turn_settings import Derived, SettingsMemo
 
 
 async def plan_turn(
-    request: CreateRequest, env: TurnEnv, cache: ConnectionCache | None, tenant: str | None, result: TurnResult
+    request: CreateRequest,
+    env: TurnEnv,
+    cache: ConnectionCache | None,
+    tenant: str | None,
+    result: TurnResult,
+    memo: SettingsMemo | None = None,
 ) -> TurnPlan:
-    """The prepared turn; its stages timed in `result.stages`, the plugins' seconds in `result.plugin_s`."""
+    """The prepared turn; its stages timed in `result.stages`, the plugins' seconds in `result.plugin_s`.
+    `memo`: the connection's last derivation from the settings, reused while they stay the same (`turn_settings`)."""
     if not env.serves_model(request.model):
         raise model_not_found(request.model, await served_models(env.backend))
     stages = result.stages
@@ -97,8 +103,8 @@ async def plan_turn(
     if large:
         await asyncio.sleep(0)
     sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
-    echoed, given = echo_of(request)
-    tools_walked, parts_walked = request_walks(request, previous, echoed, given)
+    derived = memo.derived(request) if memo is not None else Derived(request)
+    tools_walked = walked_tools(request, previous)
     plan = TurnPlan(
         new_items=new_items,
         tools=tools.chat,
@@ -111,8 +117,13 @@ async def plan_turn(
         carry=previous.carry if previous and sent is history else {},
         labels=labels | outcome.labels,
         base_held=base.held,
-        echoed=echoed,
-        held=await request_held(tools_walked, parts_walked) if tools_walked or parts_walked else RequestHeld(None, {}),
+        derived=derived,
+        echoed=derived.echo(request),
+        held=(
+            await request_held(tools_walked, derived)
+            if tools_walked or derived.echo_held is None
+            else RequestHeld(None, derived.echo_held)
+        ),
         checks=outcome,
         prior_checks=prior_checks,
         prior_output=prior_output,

@@ -26,6 +26,7 @@ from .limits import is_large
 from .requests import CreateRequest, check_stream_id, parse_create
 from .steer import Steering
 from .tenants import scope_tenant
+from .turn_settings import SettingsMemo
 from .ws_frames import (
     CLOSE_GOING_AWAY,
     CLOSE_MESSAGE_TOO_BIG,
@@ -80,6 +81,8 @@ class ResponsesConnection:
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
         self.cache = shim.connection_cache(self.tenant)
+        self.memo = SettingsMemo()
+        """What turns derive from the settings, reused while a request's are the same as the last's (`turn_settings`)."""
         self.queued = QueueBound(settings.max_queued_requests, settings.max_queued_bytes)
         self._room = asyncio.Event()
         """Set while `queued` is not full: frames are read only then."""

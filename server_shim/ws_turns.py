@@ -55,7 +55,15 @@ async def _stream_turn(
         steers = conn.steering.take_pending(request.previous_response_id)
         if steers:
             request = request.model_copy(update={"input": steered_input(steers) + normalize_input(request.input)})
-    turn = Turn(request, conn.shim.env, conn.cache, stream_id=stream_id, connection_id=conn.id, tenant=conn.tenant)
+    turn = Turn(
+        request,
+        conn.shim.env,
+        conn.cache,
+        stream_id=stream_id,
+        connection_id=conn.id,
+        tenant=conn.tenant,
+        memo=conn.memo,
+    )
     slot: SteerSlot | None = None
     turn.result.trace_carrier = conn.trace_carrier
     try:

@@ -1,0 +1,109 @@
+"""What a turn derives from the request's settings alone, derived once per connection while they stay the same.
+
+An agent's chained turns repeat the same settings (model, instructions, tools, options) and change only
+`input` and `previous_response_id`. The Response object's echo (but its `previous_response_id`, set per turn),
+the containers of it to be sized, and the backend's fields (`request_fields`) depend on nothing else, so a
+connection keeps the last derivation (`SettingsMemo`) and reuses it while the settings are exactly the same.
+
+"The same" is decided on the settings' JSON: `orjson.dumps` of every field a derivation reads (every declared
+field but `input`, `previous_response_id`, `stream_id` and `generate`), the extra fields and the private ones.
+Equal bytes mean the same values of the same JSON types in the same key order: what `==` alone would not
+tell (`1 == 1.0 == True`, `{"a": 1, "b": 2} == {"b": 2, "a": 1}`) though the echo would differ on the wire.
+A request's values are what a JSON parser gives (`json_slices` gives exactly what `orjson.loads` does), so
+nothing two equal encodings stand for can differ in a way a derivation sees; a value orjson cannot encode
+is derived afresh, not remembered. `tests/test_shim_turn_settings.py` holds a reused derivation to a fresh
+one for any change of the settings (hypothesis).
+
+Nothing derived is changed in place by its readers: the echo is spread into each Response object, backends
+get their own copies of the two field dicts (`TurnPlan.backend_request`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from operator import itemgetter
+from typing import Any
+
+import orjson
+
+from .events import echo_of
+from .request_fields import chat_options, responses_fields
+from .requests import CreateRequest
+from .response_held import ECHO_DEFAULT_SIZES
+
+PER_TURN = frozenset({"input", "previous_response_id", "stream_id", "generate"})
+"""The declared fields no derivation here reads: they may change while the derivation is reused."""
+_settings_of = itemgetter(*(name for name in CreateRequest.model_fields if name not in PER_TURN))
+MAX_KEY_BYTES = 64 * 1024
+"""Settings whose JSON is larger are derived afresh each turn. The memo holds, per connection, this JSON and the
+objects of one request's settings outside the caches' byte bounds (the states a connection caches mostly hold
+the same objects: their Response objects echo the memo's): bounded here to what an agent's tools and
+instructions usually take."""
+
+
+class Derived:
+    """The request's settings as a turn uses them (see the module's docstring)."""
+
+    __slots__ = ("echo_held", "echoed", "fields", "options", "parts")
+
+    def __init__(self, request: CreateRequest) -> None:
+        echoed, given = echo_of(request)
+        self.echoed = echoed
+        """The request fields its Response objects echo (`events.echo_of`), as the first request had them."""
+        self.parts = echoed_parts(echoed, given)
+        """The echoed containers to be sized in slices (`request_held`)."""
+        self.echo_held: dict[int, int] | None = None if self.parts else {}
+        """Their footprints by `id`, once measured (None: not yet)."""
+        self.options = chat_options(request)
+        """What a Chat Completions backend gets beside the conversation."""
+        self.fields = responses_fields(request)
+        """What a `responses` upstream gets beside the conversation."""
+
+    def echo(self, request: CreateRequest) -> dict[str, Any]:
+        """The echo for `request` (with these settings): the derived one with its own `previous_response_id` (the
+        key stays where it was: `ECHO_DEFAULTS` has it)."""
+        return {**self.echoed, "previous_response_id": request.__dict__["previous_response_id"]}
+
+
+def echoed_parts(echoed: dict[str, Any], given: Iterable[str]) -> list[dict[str, Any] | list[Any]]:
+    """The request's containers that the Response object echoes (a `text.format` schema, a `tool_choice`...: up to
+    `max_json_values` values), to be measured in slices; `ResponseState` takes their footprints as known rather
+    than walking them at once. The tools are measured apart. Only the fields the request set (`given`) are looked
+    at: every other one echoes a default, measured once (`ECHO_DEFAULT_SIZES`)."""
+    parts: list[dict[str, Any] | list[Any]] = []
+    for name in given:
+        value = echoed[name]
+        if name == "tools" or not isinstance(value, (dict, list)):
+            continue
+        nested = value.values() if isinstance(value, dict) and name in ("text", "reasoning") else (value,)
+        for part in nested:  # text and reasoning: fresh dicts, merged over the defaults
+            if isinstance(part, (dict, list)) and id(part) not in ECHO_DEFAULT_SIZES:
+                parts.append(part)
+    return parts
+
+
+def settings_key(request: CreateRequest) -> bytes | None:
+    """The settings' JSON (see the module's docstring); None when orjson cannot encode them."""
+    try:
+        return orjson.dumps((_settings_of(request.__dict__), request.__pydantic_extra__, request.__pydantic_private__))
+    except TypeError:  # orjson.JSONEncodeError: a value JSON does not have
+        return None
+
+
+class SettingsMemo:
+    """A connection's last derivation, reused while its requests' settings stay exactly the same."""
+
+    __slots__ = ("_derived", "_key")
+
+    def __init__(self) -> None:
+        self._key: bytes | None = None
+        self._derived: Derived | None = None
+
+    def derived(self, request: CreateRequest) -> Derived:
+        key = settings_key(request)
+        if key is not None and key == self._key and self._derived is not None:
+            return self._derived
+        derived = Derived(request)
+        if key is not None and len(key) <= MAX_KEY_BYTES:
+            self._key, self._derived = key, derived
+        return derived

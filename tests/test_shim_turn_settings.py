@@ -1,0 +1,186 @@
+"""A connection's derivation from the settings (`turn_settings`), reused while they stay the same, is what a fresh
+derivation gives for any change of the settings: value for value, type for type, key order for key order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai import AsyncOpenAI
+from support.wire import API_KEY, LOOKUP_TOOL, MODEL, completed_ok, run_turn
+
+from server_shim.footprint import footprint
+from server_shim.requests import CreateRequest, parse_create
+from server_shim.turn_settings import MAX_KEY_BYTES, Derived, SettingsMemo
+
+JSON = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.sampled_from([0, 1, -1, 0.0, -0.0, 1.0, 2.5]),
+        st.text(max_size=3),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
+    max_leaves=5,
+)
+"""Values `==` confuses (`0 == 0.0 == -0.0 == False`, `1 == 1.0 == True`), in dicts whose key order may differ."""
+SETTINGS = {
+    "instructions": st.one_of(st.none(), st.sampled_from(["be brief", "be kind"])),
+    "tools": st.one_of(
+        st.none(),
+        st.lists(
+            st.fixed_dictionaries(
+                {"type": st.just("function"), "name": st.sampled_from("fg")},
+                optional={"strict": st.sampled_from([True, False]), "parameters": JSON.filter(lambda v: v is not None)},
+            ),
+            max_size=2,
+        ),
+    ),
+    "tool_choice": st.one_of(st.none(), st.just("auto"), st.just({"type": "function", "name": "f"})),
+    "parallel_tool_calls": st.one_of(st.none(), st.booleans()),
+    "store": st.one_of(st.none(), st.booleans()),
+    "max_output_tokens": st.one_of(st.none(), st.integers(1, 3)),
+    "temperature": st.one_of(st.none(), st.sampled_from([0.0, 1.0, 0.5])),
+    "top_p": st.one_of(st.none(), st.sampled_from([0.0, 1.0])),
+    "metadata": st.one_of(st.none(), st.dictionaries(st.sampled_from("xy"), st.sampled_from(["1", "2"]), max_size=2)),
+    "text": st.one_of(
+        st.none(),
+        st.just({"format": {"type": "json_object"}}),
+        st.just({"verbosity": "low", "format": {"type": "text"}}),
+        st.just({"format": {"type": "text"}, "verbosity": "low"}),
+    ),
+    "user": st.one_of(st.none(), st.sampled_from(["u", "v"])),
+    "reasoning": st.one_of(st.none(), st.just({"effort": "low"}), st.just({"summary": "auto"})),
+    "top_logprobs": st.one_of(st.none(), st.integers(0, 2)),
+    "include": st.one_of(st.none(), st.just(["message.output_text.logprobs"]), st.just([])),
+    "service_tier": st.one_of(st.none(), st.sampled_from(["auto", "default"])),
+    "truncation": st.one_of(st.none(), st.sampled_from(["auto", "disabled"])),
+    "prompt": st.one_of(st.none(), st.just({"id": "p"}), st.just({"id": "p", "version": "1"})),
+    "unknown_field": JSON,
+}
+PER_TURN = {
+    "input": st.sampled_from(["hi", "next", [{"type": "message", "role": "user", "content": "x"}]]),
+    "previous_response_id": st.one_of(st.none(), st.sampled_from(["resp_a", "resp_b"])),
+    "stream_id": st.one_of(st.none(), st.sampled_from(["a", "b"])),
+    "generate": st.one_of(st.none(), st.booleans()),
+}
+BODIES = st.fixed_dictionaries({"model": st.sampled_from(["m", "n"])}, optional={**SETTINGS, **PER_TURN})
+
+
+@st.composite
+def changed(draw: st.DrawFn, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with its per-turn fields drawn anew, and maybe one setting changed or set again in another order."""
+    new = {k: v for k, v in body.items() if k not in PER_TURN}
+    new.update(draw(st.fixed_dictionaries({}, optional=PER_TURN)))
+    how = draw(st.sampled_from(["same", "one", "reordered"]))
+    if how == "one":
+        name = draw(st.sampled_from(sorted(SETTINGS)))
+        new[name] = draw(SETTINGS[name])
+    elif how == "reordered":
+        new = dict(reversed(list(new.items())))
+    return new
+
+
+def request(body: dict[str, Any]) -> CreateRequest:
+    return parse_create({"type": "response.create", **body}, websocket=True)
+
+
+def exact(a: Any, b: Any) -> bool:
+    """Equal as JSON writes them: the same types, key orders and floats' signs (`==` says 1 == 1.0 == True)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(exact(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(exact(x, y) for x, y in zip(a, b, strict=True))
+    return repr(a) == repr(b)
+
+
+def assert_same(reused: Derived, fresh: Derived, req: CreateRequest) -> None:
+    assert exact(reused.echo(req), fresh.echo(req))
+    assert exact(reused.options, fresh.options)
+    assert exact(reused.fields, fresh.fields)
+    assert exact(reused.parts, fresh.parts)
+    assert [footprint(part) for part in reused.parts] == [footprint(part) for part in fresh.parts]
+
+
+@settings(max_examples=400, deadline=None)
+@given(BODIES.flatmap(lambda body: st.tuples(st.just(body), changed(body))))
+def test_a_reused_derivation_is_a_fresh_one_for_any_change_of_the_settings(bodies):
+    first, second = (request(body) for body in bodies)
+    memo = SettingsMemo()
+    memo.derived(first)
+    assert_same(memo.derived(second), Derived(second), second)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_each_setting_changed_alone_is_derived_again(name, data):
+    body = data.draw(BODIES)
+    value = data.draw(SETTINGS[name].filter(lambda v: not exact(v, body.get(name))))
+    second = request({**body, name: value})
+    memo = SettingsMemo()
+    memo.derived(request(body))
+    assert_same(memo.derived(second), Derived(second), second)
+
+
+@settings(max_examples=100, deadline=None)
+@given(BODIES, st.fixed_dictionaries({}, optional=PER_TURN))
+def test_the_derivation_is_reused_while_only_the_per_turn_fields_change(body, per_turn):
+    memo = SettingsMemo()
+    first = memo.derived(request(body))
+    assert memo.derived(request({**body, **per_turn})) is first
+
+
+def test_settings_equal_by_value_but_not_as_json_are_derived_again():
+    memo = SettingsMemo()
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}
+    first = memo.derived(request({"model": "m", "tools": [tool], "temperature": 1.0}))
+    for other in (
+        {"tools": [{**tool, "strict": 1}], "temperature": 1.0},
+        {"tools": [dict(reversed(list(tool.items())))], "temperature": 1.0},
+        {"tools": [tool], "temperature": 1.0, "metadata": {}},
+    ):
+        again = memo.derived(request({"model": "m", **other}))
+        assert again is not first
+        first = memo.derived(request({"model": "m", "tools": [tool], "temperature": 1.0}))
+    assert memo.derived(request({"model": "m", "tools": [tool], "temperature": 1.0, "input": "x"})) is first
+
+
+async def test_a_chain_whose_settings_change_echoes_each_turns_own(server):
+    """Over one connection (one memo): every Response object echoes its own request's settings and parent."""
+    base = {"tools": [LOOKUP_TOOL], "temperature": 1.0, "metadata": {"a": "1", "b": "2"}, "instructions": "be brief"}
+    turns = [
+        base,
+        base,
+        {**base, "metadata": {"b": "2", "a": "1"}},
+        {**base, "temperature": 0.5},
+        {**base, "instructions": None, "text": {"verbosity": "low"}},
+        base,
+    ]
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk, sdk.responses.connect() as conn:
+        previous = None
+        for fields in turns:
+            sent = {k: v for k, v in fields.items() if v is not None}
+            turn = await run_turn(conn, input="hi", previous_response_id=previous, **sent)
+            completed_ok(turn)
+            echoed = turn.response
+            assert echoed["previous_response_id"] == previous
+            assert list(echoed["metadata"].items()) == list(sent["metadata"].items())
+            assert echoed["temperature"] == sent["temperature"]
+            assert echoed["instructions"] == sent.get("instructions")
+            assert echoed["text"]["verbosity"] == sent.get("text", {}).get("verbosity", "medium")
+            assert echoed["tools"][0]["name"] == LOOKUP_TOOL["name"]
+            assert echoed["model"] == MODEL
+            previous = echoed["id"]
+
+
+def test_settings_larger_than_the_bound_are_derived_afresh_each_turn():
+    memo = SettingsMemo()
+    large = {"model": "m", "instructions": "x" * MAX_KEY_BYTES}
+    assert memo.derived(request(large)) is not memo.derived(request(large))
+    small = {"model": "m", "instructions": "x"}
+    assert memo.derived(request(small)) is memo.derived(request(small))
