@@ -419,6 +419,16 @@ def test_the_backend_instructions_child_runs_its_chained_turns(mode: str) -> Non
     assert main(["--child", mode, "--turns", "3", "--no-wait"]) == 0
 
 
+def test_the_backend_instructions_chat_child_streams_its_turns_from_a_chat_server(chat_server: Any) -> None:
+    """Mode `chat`: the router over an `openai_compatible` deployment, each chained turn a request upstream."""
+    from benchmarks.backend_instructions import main
+
+    received = len(chat_server.received)
+    assert main(["--child", "chat", "--turns", "3", "--no-wait", "--upstream", chat_server.base_url]) == 0
+    assert len(chat_server.received) - received == 20 + 3, "the warm-up turns, then the counted ones"
+    assert len(chat_server.bodies[-1]["messages"]) == 2 * 23 - 1, "the whole chained history each turn"
+
+
 async def test_the_counted_clients_mark_each_phase_with_every_turn_answered(server: Any) -> None:
     """What `benchmarks.instructions` counts under callgrind, run here without it: connections opened first, then
     phases of chained turns (`--first`: a herd's first turns, then its second; a wrong chain fails a turn, and the

@@ -9,15 +9,18 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
+from server_shim.backends.base import BackendRequest
 from server_shim.backends.chat_convert import (
     SEGMENT_HELD,
     ChatPrompt,
+    chat_body,
     encode,
     fragments_held,
     render_items,
     renders,
 )
 from server_shim.footprint import footprint
+from server_shim.history import History
 
 MESSAGE = TypeAdapter(ChatCompletionMessageParam)
 
@@ -115,6 +118,25 @@ def test_the_encoding_is_the_json_array_of_the_messages_with_sorted_keys():
     assert decoded == [{"content": "Be brief.", "role": "system"}, *prompt.messages]
     assert encoded == orjson.dumps(decoded, option=orjson.OPT_SORT_KEYS)
     assert prompt.encoded_messages(None) == orjson.dumps(list(prompt.messages), option=orjson.OPT_SORT_KEYS)
+
+
+@pytest.mark.parametrize("instructions", [None, "Be brief."])
+@pytest.mark.parametrize("turns", [0, 1, 2, len(AGENT_LOOP)])
+def test_a_chat_body_is_the_json_object_of_its_fields_and_messages(turns, instructions):
+    """The messages joined into the body between its other fields (one join: `before` and `after`), for an
+    empty prompt, one message, and many segments."""
+    prompt = chained(AGENT_LOOP[:turns])
+    system = [{"content": instructions, "role": "system"}] if instructions else []
+    assert json.loads(prompt.encoded_messages(instructions)) == [*system, *prompt.messages]
+    request = BackendRequest(model="m", history=History(), instructions=instructions, max_output_tokens=3)
+    body = json.loads(chat_body(request, prompt, None, None))
+    assert body == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 3,
+        "messages": [*system, *prompt.messages],
+    }
 
 
 def test_key_order_of_the_input_does_not_change_the_bytes():

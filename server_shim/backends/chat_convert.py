@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -89,14 +90,16 @@ class ChatPrompt:
             self.held + SEGMENT_HELD + sys.getsizeof(fragments) + count * BYTES_HELD + size,  # `fragments_held`
         )
 
-    def _segments(self) -> list[ChatPrompt]:
-        segments = []
+    def _runs(self) -> list[tuple[bytes, ...]]:
+        """Each segment's fragments, oldest first: one Python step per segment, the fragments themselves
+        gathered in C by whoever chains them (a generator over every fragment cost twice the walk)."""
+        runs = []
         node: ChatPrompt | None = self
         while node is not None:
-            segments.append(node)
+            runs.append(node.own_fragments)
             node = node.parent
-        segments.reverse()
-        return segments
+        runs.reverse()
+        return runs
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -105,7 +108,7 @@ class ChatPrompt:
 
     @property
     def fragments(self) -> tuple[bytes, ...]:
-        return tuple(f for segment in self._segments() for f in segment.own_fragments)
+        return tuple(chain.from_iterable(self._runs()))
 
     def __eq__(self, other: object) -> bool:
         """Equal histories: the same encoded messages (the chains may be built differently)."""
@@ -134,10 +137,16 @@ class ChatPrompt:
         message: Message = orjson.loads(self.own_fragments[-1])
         return message if message["role"] == "tool" else None
 
-    def encoded_messages(self, instructions: str | None) -> bytes:
-        """The JSON array of messages, with the request's instructions as the leading system message."""
-        head = [encode({"content": instructions, "role": "system"})] if instructions else []
-        return b"[" + b",".join([*head, *self.fragments]) + b"]"
+    def encoded_messages(self, instructions: str | None, *, before: bytes = b"", after: bytes = b"") -> bytes:
+        """The JSON array of messages, with the request's instructions as the leading system message, between
+        `before` and `after` (the rest of a body): the whole history is copied once, by one join."""
+        items = [encode({"content": instructions, "role": "system"})] if instructions else []
+        items.extend(chain.from_iterable(self._runs()))
+        if not items:
+            return before + b"[]" + after
+        items[0] = before + b"[" + items[0]
+        items[-1] += b"]" + after
+        return b",".join(items)
 
 
 SEGMENT_HELD = sys.getsizeof(ChatPrompt())
@@ -194,7 +203,7 @@ def chat_body(
     if extra:
         fields.update(extra)
     head = encode(fields)
-    return head[:-1] + b',"messages":' + prompt.encoded_messages(request.instructions) + b"}"
+    return prompt.encoded_messages(request.instructions, before=head[:-1] + b',"messages":', after=b"}")
 
 
 @dataclass(slots=True)
