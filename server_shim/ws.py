@@ -93,6 +93,8 @@ class ResponsesConnection:
         protocol = websocket.scope.get("extensions", {}).get(FORCE_CLOSE_EXTENSION, {})
         self._writable = protocol.get("writable")
         self._send_now = protocol.get("send_texts") if self._writable is not None else None
+        self._steps = protocol.get("steps")
+        """Runs a lane's coroutine so that its frames leave as each of its task's steps ends (`ws_protocol`)."""
         self._protocol = protocol
         self._parked = False
         """The receive loop waits for the next frame (`frame_now` may take it)."""
@@ -227,7 +229,8 @@ class ResponsesConnection:
         if self.queued.full:
             self._room.clear()
         if lane.worker is None:
-            lane.worker = self._loop.create_task(self._run_lane(stream_id, lane))
+            worker = self._run_lane(stream_id, lane)
+            lane.worker = self._loop.create_task(worker if self._steps is None else self._steps(worker))
 
     def _waits(self, stream_id: str | None) -> bool:
         """Whether a request for this lane would wait (its lane busy, or every in-flight slot taken)."""

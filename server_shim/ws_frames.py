@@ -28,7 +28,9 @@ FORCE_CLOSE_EXTENSION = "responses_ws.force_close"
 """ASGI scope extension our uvicorn protocol adds: `close` a socket whose peer does not read,
 `writable()`, true while a send will not wait for the peer (so it needs no timeout), and
 `send_texts(frames)`, which queues a text frame for each of a list of UTF-8 byte strings at once (only
-while writable; None where a middleware wraps `send`, see `app.ShimApp`), and `asgi_send`, the protocol's own ASGI `send`.
+while writable; None where a middleware wraps `send`, see `app.ShimApp`), `steps(coro)`, a coroutine to run as a task
+whose frames are written as each of its steps ends (`ws_protocol.FlushedSteps`: the lanes run so), and `asgi_send`, the
+protocol's own ASGI `send`.
 The app may add `on_text(text) -> bool`: a whole text frame offered as it is read, before the ASGI queue (True: taken)."""
 
 

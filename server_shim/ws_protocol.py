@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from typing import Any, Literal
+from collections.abc import Coroutine, Generator
+from typing import Any, Literal, TypeVar
 
 import orjson
 from uvicorn._types import ASGISendEvent, WebSocketSendEvent
@@ -48,6 +49,7 @@ _HEADER_64 = struct.Struct("!BBQ")
 _SHORT_HEADERS = [bytes((0x81, size)) for size in range(126)]
 """The header of each text frame of up to 125 bytes (its length fits in the second byte)."""
 _pack_16 = _HEADER_16.pack
+T = TypeVar("T")
 
 
 class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -64,7 +66,8 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
 
     Frames sent in one loop iteration leave in one socket write (`_cork`): a turn whose events are
     ready together costs one `transport.write`, and a lone delta waits only for the end of the
-    iteration it was sent in, never for a timer.
+    iteration it was sent in, never for a timer. Frames sent by a task running as `steps(...)` (the
+    connection's lanes) leave at the end of the task's step instead: no loop iteration for the write.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,6 +75,8 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         self._corked: list[bytes] = []
         self._corked_bytes = 0
         self._extension: dict[str, Any] = {}
+        self._stepping = False
+        """A `FlushedSteps` task's step is running: what it corks is written when the step ends."""
 
     async def send(self, message: ASGISendEvent) -> None:
         if message["type"] == "websocket.send" and self.handshake_complete and not self.close_sent:
@@ -121,19 +126,24 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         self._corked_bytes = size
         if size >= CORK_MAX_BYTES:
             self.flush()
-        elif first and corked:
+        elif first and corked and not self._stepping:
             self.loop.call_soon(self.flush)
 
     def _hold(self, *chunks: bytes) -> None:
-        """Keep chunks for the write at the end of this loop iteration (at once past `CORK_MAX_BYTES`)."""
+        """Keep chunks for the write at the end of this loop iteration, or of the running `steps` task's step (at
+        once past `CORK_MAX_BYTES`)."""
         first = not self._corked
         for chunk in chunks:
             self._corked.append(chunk)
             self._corked_bytes += len(chunk)
         if self._corked_bytes >= CORK_MAX_BYTES:
             self.flush()
-        elif first:
+        elif first and not self._stepping:
             self.loop.call_soon(self.flush)
+
+    def steps(self, coro: Coroutine[Any, Any, T]) -> FlushedSteps[T]:
+        """`coro` to run as a task whose frames are written as each of its steps ends (see `FlushedSteps`)."""
+        return FlushedSteps(coro, self)
 
     def data_received(self, data: bytes) -> None:
         """A read holding exactly one whole masked text or binary frame, on an open connection whose parser
@@ -231,6 +241,7 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
                 "close": self.force_close,
                 "writable": self.writable.is_set,
                 "send_texts": self.send_texts_now,
+                "steps": self.steps,
                 "asgi_send": self.send,
             }
 
@@ -284,6 +295,54 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
             event = too_large_error(limit).event()
             self.transport.write(Frame(Opcode.TEXT, orjson.dumps(event)).serialize(mask=False, extensions=[]))
         super().handle_parser_exception()
+
+
+class FlushedSteps(Coroutine[Any, Any, T]):
+    """A task's coroutine whose frames on `protocol` leave as each of its steps ends, written by the task itself.
+
+    A corked frame is otherwise written by a callback on the loop's next iteration, an iteration of its own
+    (~16,000 instructions: the loop's bookkeeping, a poll of the selector, the callback) when the sender has
+    nothing left to do: a connection's lane runs a whole turn whose events are all ready (the simulator's, a
+    response refused at once) in one step, and writes them as that step ends. A step that waits (for a backend's
+    next delta) writes what it made before waiting, as the callback would have done; nothing is held longer.
+    Every step ends in a flush, whether the coroutine waits, returns or raises. Only a task may run it: awaiting
+    it runs `coro` without the flushes.
+    """
+
+    __slots__ = ("_coro", "_protocol")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], protocol: ShimWebSocketProtocol) -> None:
+        self._coro = coro
+        self._protocol = protocol
+
+    def send(self, value: Any) -> Any:
+        protocol = self._protocol
+        protocol._stepping = True
+        try:
+            return self._coro.send(value)
+        finally:
+            protocol._stepping = False
+            protocol.flush()
+
+    def throw(self, *exc: Any) -> Any:
+        protocol = self._protocol
+        protocol._stepping = True
+        try:
+            return self._coro.throw(*exc)
+        finally:
+            protocol._stepping = False
+            protocol.flush()
+
+    def close(self) -> None:
+        self._coro.close()
+
+    @property
+    def __name__(self) -> str:
+        """The coroutine's name, for the task's `repr`."""
+        return str(getattr(self._coro, "__qualname__", type(self._coro).__name__))
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._coro.__await__()
 
 
 def text_frame_header(size: int) -> bytes:
