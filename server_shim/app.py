@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +20,14 @@ from starlette.websockets import WebSocket
 from . import chat_http, extensions, http, metrics, resources
 from .admission import ConnectionGate, TenantLimiter, tenant_connection_cap
 from .auth import BearerAuth, deny
-from .backends.base import Backend, ContextWindows, HasBackgroundWork, HostedToolPolicy, ServesModels
+from .backends.base import (
+    Backend,
+    ConnectionScoped,
+    ContextWindows,
+    HasBackgroundWork,
+    HostedToolPolicy,
+    ServesModels,
+)
 from .browsers import BrowserGuard
 from .budgets import CacheBudget, default_cache_budget
 from .check_config import checks_by_model
@@ -73,6 +80,13 @@ class ShimState:
     """Whether the store has answered once: `/readyz` waits for that, as for a deployment (a later outage
     does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
+    release: Callable[[str], Awaitable[None]] | None = field(init=False, repr=False)
+    """The backend's `release` of a closed connection's state where it keeps some (`ConnectionScoped`), looked up
+    once: an `isinstance` against a runtime-checkable protocol walks the protocol's attributes on every call."""
+
+    def __post_init__(self) -> None:
+        backend = self.env.backend
+        self.release = backend.release if isinstance(backend, ConnectionScoped) else None
 
     def connection_cache(self, tenant: str | None) -> ConnectionCache:
         """A new connection's cache, bounded on its own and by the server's budget for all of them."""

@@ -111,6 +111,8 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.deployments = {d.name: d for d in deployments}
+        self._scoped = [d.backend for d in deployments if isinstance(d.backend, ConnectionScoped)]
+        """The backends that keep state per connection, found once (deployments are made with the router)."""
         self.routing = routing
         self.clock = clock
         self.stats = RouterStats()
@@ -401,8 +403,7 @@ class Router:
             self._published[deployment.name] = state
 
     async def release(self, connection_id: str) -> None:
-        scoped = [d.backend for d in self.deployments.values() if isinstance(d.backend, ConnectionScoped)]
-        await asyncio.gather(*(backend.release(connection_id) for backend in scoped))
+        await asyncio.gather(*(backend.release(connection_id) for backend in self._scoped))
 
     async def aclose(self) -> None:
         if self._health_task is not None:

@@ -19,7 +19,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import json_slices, metrics, tracing
 from .admission import QueueBound
-from .backends.base import ConnectionScoped
 from .errors import APIError
 from .events import new_id
 from .limits import is_large
@@ -116,10 +115,10 @@ class ResponsesConnection:
             self.state = ConnectionState.CLOSED
             await self._cancel_lanes()
             self.cache.close()
-            backend = self.shim.env.backend
-            if isinstance(backend, ConnectionScoped):
+            release = self.shim.release
+            if release is not None:
                 try:
-                    await backend.release(self.id)
+                    await release(self.id)
                 except Exception:
                     log.exception("backend failed to release connection %s", self.id)
 

@@ -257,3 +257,21 @@ async def test_a_reply_ready_at_once_is_routed_and_measured_as_a_streamed_one():
         assert a.in_flight == 0 and a.health.answered and a.tokens.total(r.clock()) == 2 * (7 + 3)
     health = ready.deployments["a"].health  # the first token one tick after the start; the end two after it
     assert (health.ttft_s, health.tokens_per_s) == (pytest.approx(0.001), pytest.approx(3 / 0.002))
+
+
+class Scoped(Flaky):
+    """A backend that keeps state per client connection (`ConnectionScoped`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.released: list[str] = []
+
+    async def release(self, connection_id: str) -> None:
+        self.released.append(connection_id)
+
+
+async def test_a_closed_connection_is_released_by_every_deployment_that_keeps_state_per_connection():
+    scoped, plain, also = Scoped("scoped"), Flaky("plain"), Scoped("also")
+    r = router(scoped, plain, also)
+    await r.release("conn_1")
+    assert scoped.released == also.released == ["conn_1"]

@@ -28,6 +28,7 @@ from support.wire import (
 )
 from websockets.asyncio.client import connect as ws_connect
 
+from server_shim.backends import SimulatedBackend
 from server_shim.backends.chat_convert import chat_prompt
 
 # --- the normal stream ---------------------------------------------------------------------------
@@ -586,3 +587,29 @@ async def test_the_byte_counter_and_the_size_limit_count_utf8_bytes_not_characte
         error = json.loads(await asyncio.wait_for(ws.recv(), 5))
         assert error["error"]["code"] == "message_too_large"
     assert server.shim.stats.bytes_received == len(frame.encode())
+
+
+class ReleasingBackend(SimulatedBackend):
+    """The simulator, keeping state per connection (`ConnectionScoped`): each closed connection's id is released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[str] = []
+
+    async def release(self, connection_id: str) -> None:
+        self.released.append(connection_id)
+
+
+async def test_a_backend_that_keeps_state_per_connection_is_told_when_each_one_closes(make_server):
+    backend = ReleasingBackend()
+    server = make_server(backend_impl=backend)
+    async with ws_connect(ws_url(server)) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": "simulated-1", "input": "hi", "store": False}))
+        while json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] != "response.completed":
+            pass
+        (connection,) = server.shim.connections
+    deadline = time.perf_counter() + 2
+    while not backend.released:
+        assert time.perf_counter() < deadline, "the backend was never told the connection closed"
+        await asyncio.sleep(0.01)
+    assert backend.released == [connection.id]
