@@ -14,7 +14,8 @@ dicts (HTTP, chat) still get dicts; tool calls and failures are encoded as dicts
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import secrets
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -45,6 +46,73 @@ _ITEM_DONE = b'{"type":"response.output_item.done","sequence_number":%d,"output_
 _PART = b'{"type":"output_text","text":%b,"annotations":[],"logprobs":%b}'
 _MESSAGE = b'{"id":%b,"type":"message","status":%b,"role":"assistant","content":[%b]}'
 _NO_LOGPROBS = b"[]"
+
+
+class EchoMemo(Protocol):
+    """A derivation of the echo reused by a connection's turns (`turn_settings.Derived`): `echoed`, which every
+    turn's echo repeats but for its own `previous_response_id`, and a place for its encoding (`echo_json`)."""
+
+    echoed: dict[str, Any]
+    echo_json: EchoJson | Literal[False] | None
+
+
+_MARK = "\x00" + secrets.token_hex(16)
+"""Stands for `previous_response_id` while a memo's echo is encoded; never a response id (those are ASCII)."""
+_MARK_JSON = orjson.dumps(_MARK)
+
+
+class EchoJson:
+    """A memo's echo encoded once, `previous_response_id` left out: each turn writes its own in between."""
+
+    __slots__ = ("after", "head", "tail")
+
+    def __init__(self, head: bytes, tail: bytes, after: bytes) -> None:
+        self.head, self.tail, self.after = head, tail, after
+
+    @classmethod
+    def of(cls, echoed: dict[str, Any]) -> EchoJson | None:
+        """None when the echo cannot be encoded, or has no `previous_response_id`."""
+        if "previous_response_id" not in echoed:
+            return None
+        encoded = _encode_echo({**echoed, "previous_response_id": _MARK})  # the key keeps its place
+        if encoded is None:
+            return None
+        head, mark, tail = encoded[0].partition(_MARK_JSON)
+        return cls(head, tail, encoded[1]) if mark else None
+
+    def echo(self, previous_response_id: str | None) -> tuple[bytes, bytes]:
+        """What `_encode_echo` gives for the memo's echo with this `previous_response_id` (TypeError: it cannot
+        be encoded)."""
+        return self.head + orjson.dumps(previous_response_id) + self.tail, self.after
+
+
+def _encode_echo(echoed: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """The echoed fields as the Response object writes them (see `ResponseFrames`): those before `metadata` (all
+    when it has none), each followed by a comma, and those after it, each preceded by one. None when they cannot be
+    encoded."""
+    try:
+        if "metadata" not in echoed:
+            return orjson.dumps(echoed)[1:-1] + b",", b""
+        keys = list(echoed)
+        at = keys.index("metadata")
+        echo = b"".join(b"%b:%b," % (orjson.dumps(k), orjson.dumps(echoed[k])) for k in keys[:at])
+        return echo, b"".join(b",%b:%b" % (orjson.dumps(k), orjson.dumps(echoed[k])) for k in keys[at + 1 :])
+    except TypeError:  # orjson.JSONEncodeError: a lone surrogate, say
+        return None
+
+
+def _echo_json(echoed: dict[str, Any], memo: EchoMemo | None) -> tuple[bytes, bytes] | None:
+    """`_encode_echo(echoed)`, from the memo's encoding when `echoed` is its echo but for `previous_response_id`."""
+    if memo is not None and len(echoed) == len(memo.echoed):
+        template = memo.echo_json
+        if template is None:
+            template = memo.echo_json = EchoJson.of(memo.echoed) or False
+        if template:
+            try:
+                return template.echo(echoed["previous_response_id"])
+            except TypeError:
+                return None
+    return _encode_echo(echoed)
 
 
 def response_metadata(request: Any, labels: dict[str, str] | None) -> dict[str, str]:
@@ -113,24 +181,19 @@ class ResponseFrames:
 
     __slots__ = ("_after", "_created_at", "_echo", "_echoed", "_id", "_seq", "_tail")
 
-    def __init__(self, response_id: str, created_at: int, echoed: dict[str, Any], seq: Numbering) -> None:
+    def __init__(
+        self, response_id: str, created_at: int, echoed: dict[str, Any], seq: Numbering, memo: EchoMemo | None = None
+    ) -> None:
+        """`memo`: the derivation `echoed` comes from (its echo but for `previous_response_id`), whose encoding is
+        then made once for all its turns rather than once per turn (~8,000 instructions for a request's defaults)."""
         self._id = orjson.dumps(response_id)
         self._created_at = created_at
         self._echoed = echoed
         self._seq = seq
         self._tail = seq.tail
-        self._echo: bytes | None = None
-        self._after = b""
-        try:
-            if "metadata" not in echoed:
-                self._echo = orjson.dumps(echoed)[1:-1] + b","
-            else:
-                keys = list(echoed)
-                at = keys.index("metadata")
-                self._echo = b"".join(b"%b:%b," % (orjson.dumps(k), orjson.dumps(echoed[k])) for k in keys[:at])
-                self._after = b"".join(b",%b:%b" % (orjson.dumps(k), orjson.dumps(echoed[k])) for k in keys[at + 1 :])
-        except TypeError:  # orjson.JSONEncodeError: a lone surrogate, say
-            self._echo = None
+        encoded = _echo_json(echoed, memo)
+        self._echo: bytes | None = None if encoded is None else encoded[0]
+        self._after = b"" if encoded is None else encoded[1]
 
     def started(self, request: Any, labels: dict[str, str]) -> list[Any] | None:
         """`response.created` and `response.in_progress`: one Response object, encoded once. None when the

@@ -202,7 +202,7 @@ class Turn:
         self._created_at = time.time()
         self._started = time.monotonic()
         if self._encoded:
-            self._frames = ResponseFrames(response_id, int(self._created_at), plan.echoed, self.seq)
+            self._frames = ResponseFrames(response_id, int(self._created_at), plan.echoed, self.seq, plan.derived)
             started = self._frames.started(request, plan.labels)
             if started is not None:
                 return started

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from operator import itemgetter
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
+from .event_frames import EchoJson
 from .events import echo_of
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
@@ -44,7 +45,7 @@ instructions usually take."""
 class Derived:
     """The request's settings as a turn uses them (see the module's docstring)."""
 
-    __slots__ = ("echo_held", "echoed", "fields", "options", "parts")
+    __slots__ = ("echo_held", "echo_json", "echoed", "fields", "options", "parts")
 
     def __init__(self, request: CreateRequest) -> None:
         echoed, given = echo_of(request)
@@ -54,6 +55,9 @@ class Derived:
         """The echoed containers to be sized in slices (`request_held`)."""
         self.echo_held: dict[int, int] | None = None if self.parts else {}
         """Their footprints by `id`, once measured (None: not yet)."""
+        self.echo_json: EchoJson | Literal[False] | None = None
+        """The echo's JSON but for `previous_response_id`, once a WebSocket turn encoded it (`event_frames`; False:
+        it cannot be encoded)."""
         self.options = chat_options(request)
         """What a Chat Completions backend gets beside the conversation."""
         self.fields = responses_fields(request)

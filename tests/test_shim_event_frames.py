@@ -23,6 +23,7 @@ from server_shim.event_frames import ResponseFrames
 from server_shim.events import EventSequence, OutputAssembler, echoed_fields, not_stored, response_object
 from server_shim.requests import CreateRequest
 from server_shim.tokens import account
+from server_shim.turn_settings import Derived
 
 SURROGATE = "\ud800"
 json_values = st.recursive(
@@ -148,6 +149,23 @@ def test_the_response_objects_templates_write_what_its_dicts_encode_to(
     assert ended is None if stored_failed and request.stores else ended == expected
     for event in [*started, expected]:
         strict_ws_event(orjson.loads(event))
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, *[st.sampled_from([None, "resp_a", 'resp_\u00e9"', SURROGATE])] * 2, lanes)
+def test_a_derivations_echo_encoded_once_writes_what_each_turns_own_encoding_does(body, first, parent, stream_id):
+    """A connection's turns with the same settings encode their echo once (`Derived.echo_json`), each splicing in its
+    own `previous_response_id`: the same bytes as encoding each turn's echo, or None where that cannot be encoded."""
+    derived = Derived(CreateRequest.model_validate({**body, "previous_response_id": first}))
+    request = CreateRequest.model_validate({**body, "previous_response_id": parent})
+    echoed = derived.echo(request)
+    assert echoed == echoed_fields(request)
+    for _ in range(2):  # the first turn encodes it, the next reuses it
+        alone = ResponseFrames("resp_1", 1, echoed, EventSequence(stream_id)).started(request, {"l": "v"})
+        memo = ResponseFrames("resp_1", 1, echoed, EventSequence(stream_id), derived).started(request, {"l": "v"})
+        assert memo == alone
+        assert derived.echo_json is not None
+    assert alone is not None or parent == SURROGATE or derived.echo_json is False
 
 
 def test_text_that_cannot_be_encoded_goes_out_as_a_dict_whose_encoding_answers_for_it():
