@@ -2,29 +2,27 @@
 
 Plain code with the clock passed in: the turn marks the end of each stage it runs, the router
 marks the end of routing; metrics, the per-response log line and spans read the result once.
+A mark is one interval appended to a list (a turn makes seven); the seconds per stage are worked out
+when they are read.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 
-@dataclass
 class StageClock:
     """Seconds per stage, from the end of the previous mark (or `restart`) to each `mark`."""
 
-    clock: Callable[[], float] = time.perf_counter
-    seconds: dict[str, float] = field(default_factory=dict)
-    intervals: list[tuple[str, float, float]] = field(default_factory=list)
-    """(stage, start, end) in clock time, in order: what a trace draws as one span per stage."""
-    started: float = field(init=False)
-    first_token: float | None = None
-    _last: float = field(init=False)
+    __slots__ = ("_last", "clock", "first_token", "intervals", "started")
 
-    def __post_init__(self) -> None:
-        self.started = self._last = self.clock()
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.started = self._last = clock()
+        self.first_token: float | None = None
+        self.intervals: list[tuple[str, float, float]] = []
+        """(stage, start, end) in clock time, in order: what a trace draws as one span per stage."""
 
     def restart(self) -> None:
         """Time from here on belongs to the next mark (what came before was the client's, not a stage's)."""
@@ -32,7 +30,6 @@ class StageClock:
 
     def mark(self, stage: str) -> None:
         now = self.clock()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - self._last)
         self.intervals.append((stage, self._last, now))
         self._last = now
 
@@ -41,6 +38,17 @@ class StageClock:
         if self.first_token is None:
             self.mark("backend_ttft")
             self.first_token = self._last
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Seconds per stage (a stage marked twice: the sum)."""
+        intervals = self.intervals
+        seconds = {stage: end - start for stage, start, end in intervals}
+        if len(seconds) < len(intervals):  # a stage marked again
+            seconds = {}
+            for stage, start, end in intervals:
+                seconds[stage] = seconds.get(stage, 0.0) + (end - start)
+        return seconds
 
     @property
     def ttft_s(self) -> float | None:
