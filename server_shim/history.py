@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .footprint import footprint
+from .item_held import batch_footprint
 
 Item = dict[str, Any]
 R = TypeVar("R")
@@ -37,18 +37,26 @@ class History:
         self.parent = parent
         self.own = own
         """This node's batch."""
-        self.count: int = (parent.count if parent else 0) + len(own)
-        """Items in the whole chain."""
-        self.batches: int = (parent.batches if parent else 0) + (1 if own else 0)
-        self.nbytes: int = (parent.nbytes if parent else 0) + sum(map(len, map(orjson.dumps, own))) + len(own)
-        """JSON size of the whole chain: what token estimates use."""
         if own_held is None:
-            own_held = footprint(own) if own else 0
-        self.items_held: int = (parent.items_held if parent else 0) + own_held
-        """Memory the chain's items hold (see `footprint`; `own_held`: the batch's, when measured already)."""
-        self._renderings: tuple[tuple[str, int, Any], ...] = parent._renderings if parent else ()
-        """(key, batches covered, rendering) per renderer: a tuple shared with the parent until this node
-        renders (a dict per node cost ~200 bytes a turn)."""
+            own_held = batch_footprint(own) if own else 0
+        nbytes = sum(map(len, map(orjson.dumps, own))) + len(own)
+        if parent is None:
+            self.count: int = len(own)
+            """Items in the whole chain."""
+            self.batches: int = 1 if own else 0
+            self.nbytes: int = nbytes
+            """JSON size of the whole chain: what token estimates use."""
+            self.items_held: int = own_held
+            """Memory the chain's items hold (see `batch_footprint`; `own_held`: the batch's, when measured already)."""
+            self._renderings: tuple[tuple[str, int, Any], ...] = ()
+            """(key, batches covered, rendering) per renderer: a tuple shared with the parent until this node
+            renders (a dict per node cost ~200 bytes a turn)."""
+        else:  # one test of `parent` for all five (a turn makes two nodes)
+            self.count = parent.count + len(own)
+            self.batches = parent.batches + 1 if own else parent.batches
+            self.nbytes = parent.nbytes + nbytes
+            self.items_held = parent.items_held + own_held
+            self._renderings = parent._renderings
 
     @classmethod
     def from_batches(cls, batches: Sequence[Sequence[Item]]) -> History:
@@ -83,7 +91,10 @@ class History:
     @property
     def held(self) -> int:
         """Memory the chain holds: its items and the renderings cached for it."""
-        return self.items_held + sum(getattr(rendering, "held", 0) for _, _, rendering in self._renderings)
+        held = self.items_held
+        for _, _, rendering in self._renderings:  # a loop, not a generator: asked twice a turn
+            held += getattr(rendering, "held", 0)
+        return held
 
     def batch_list(self) -> list[tuple[Item, ...]]:
         return [node.own for node in self._nodes()]

@@ -35,6 +35,7 @@ from .backends.base import (
     ToolCallDelta,
     Usage,
 )
+from .backends.rate_limits import RateLimitState
 from .config import RoutingConfig
 from .deadlines import Deadlines, Timer, Watch
 from .errors import BackendError
@@ -67,9 +68,14 @@ class Deployment:
     deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
     ready: Callable[[BackendRequest], Sequence[Delta] | None] | None = field(init=False, repr=False, compare=False)
     """The backend's `ready` where it has one (`RepliesAtOnce`), looked up once rather than every turn."""
+    rate_limit: RateLimitState | None = field(init=False, repr=False, compare=False)
+    """The backend's rate-limit state where it reads one (`ReportsRateLimits`), looked up once: an `isinstance`
+    against a runtime-checkable protocol walks the protocol's attributes on every call (~100k instructions on
+    3.11), and every resolution (each conversation's first turn) asks `has_capacity`."""
 
     def __post_init__(self) -> None:
         self.ready = self.backend.ready if isinstance(self.backend, RepliesAtOnce) else None
+        self.rate_limit = self.backend.rate_limit if isinstance(self.backend, ReportsRateLimits) else None
 
     def serves(self, alias: str) -> bool:
         return alias in self.models or WILDCARD in self.models
@@ -83,7 +89,7 @@ class Deployment:
             return False
         if self.tokens_per_minute is not None and self.tokens.total(now) >= self.tokens_per_minute:
             return False
-        return not isinstance(self.backend, ReportsRateLimits) or not self.backend.rate_limit.exhausted()
+        return self.rate_limit is None or not self.rate_limit.exhausted()
 
 
 class RouterStats(Counts):

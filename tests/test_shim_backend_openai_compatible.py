@@ -481,3 +481,20 @@ async def test_without_logprobs_asked_for_none_are_asked_and_the_lists_stay_empt
     response = await sdk.responses.create(model=CHAT_MODEL, input="hi")
     assert "logprobs" not in chat_server.bodies[-1]
     assert response.output[0].content[0].logprobs == []
+
+
+@pytest.mark.parametrize("base", ["http://h:1/v1", "http://h:1/v1/", "http://user:pw@h:1/a/b", "http://h:1"])
+async def test_the_endpoints_made_once_are_the_urls_the_client_would_merge_each_request(base):
+    """The chat and responses backends pass their endpoint as an absolute URL made at start-up (`endpoint`): the
+    same URL the client makes from the relative path on every request, for any base URL."""
+    from server_shim.backends.openai_compatible import OpenAICompatibleBackend
+    from server_shim.backends.responses_passthrough import ResponsesPassthroughBackend
+
+    chat, responses = OpenAICompatibleBackend(base), ResponsesPassthroughBackend(base)
+    for backend, url, path in (
+        (chat, chat._completions, "/chat/completions"),
+        (responses, responses._responses, "/responses"),
+    ):
+        assert url == backend._client.build_request("POST", path).url
+        assert str(url) == base.rstrip("/") + path
+        await backend.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import orjson
 import pytest
@@ -11,8 +12,11 @@ from pydantic import TypeAdapter
 
 from server_shim.backends.base import BackendRequest
 from server_shim.backends.chat_convert import (
+    CHECKPOINT_HELD,
+    RUN,
     SEGMENT_HELD,
     ChatPrompt,
+    _Checkpoint,
     chat_body,
     encode,
     fragments_held,
@@ -236,6 +240,34 @@ def test_a_batch_extends_a_prompt_as_its_rendered_messages_do(batches):
             by_messages.held,
         )
         assert by_items == by_messages
+
+
+def _naive_fragments(prompt):
+    """Every segment's fragments, walking parents one by one: the reference the checkpoints must agree with."""
+    runs, node = [], prompt
+    while node is not None:
+        runs.append(node.own_fragments)
+        node = node.parent
+    return tuple(f for run in reversed(runs) for f in run)
+
+
+def test_checkpoints_every_run_of_segments_change_no_fragment_and_are_counted_in_held():
+    """A chain long enough for several checkpoints (segments of one and of several messages): at every
+    length, the fragments, the body and `messages` are those of the plain walk, and each segment's `held`
+    adds exactly its object, its fragments and (a checkpoint) the tuple of its run."""
+    prompt, lengths = ChatPrompt(), set()
+    for n in range(3 * RUN + 5):
+        batch = [user(f"turn {n}")] if n % 3 else [assistant(f"a{n}"), call(f"call_{n}"), output(f"call_{n}", "r")]
+        parent, prompt = prompt, prompt.extend(render_items(batch))
+        assert prompt.fragments == _naive_fragments(prompt)
+        assert json.loads(prompt.encoded_messages("sys"))[1:] == list(map(json.loads, _naive_fragments(prompt)))
+        checkpoint = isinstance(prompt, _Checkpoint)
+        assert checkpoint == ((n + 1) % RUN == 0), "every RUNth segment"
+        extra = CHECKPOINT_HELD + sys.getsizeof(prompt.run) if checkpoint else SEGMENT_HELD
+        assert prompt.held - parent.held == extra + footprint(prompt.own_fragments)
+        lengths.add(len(prompt.fragments))
+    assert prompt.messages == tuple(map(orjson.loads, _naive_fragments(prompt)))
+    assert len(lengths) == 3 * RUN + 5
 
 
 def test_a_long_chain_holds_each_message_once_and_reads_back_in_order():

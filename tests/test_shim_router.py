@@ -10,6 +10,7 @@ import pytest
 
 from server_shim.backends import BackendRequest, SimulatedBackend, TextDelta
 from server_shim.backends.base import Delta, Routed
+from server_shim.backends.rate_limits import RateLimitState
 from server_shim.config import RoutingConfig
 from server_shim.errors import BackendError
 from server_shim.history import History
@@ -202,6 +203,25 @@ async def test_rate_limited_deployment_is_skipped_until_its_reset():
     assert r.deployments["fast"].health.state(clock()) == "closed", "a 429 pauses, it is no failure"
     clock.advance(0.05)  # the 429's retry delay
     assert await served_by(r, request()) == "fast"
+
+
+class HeaderLimited(Flaky):
+    """A backend that reads its server's rate-limit headers (`ReportsRateLimits`), as the pooled backends do."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.rate_limit = RateLimitState(reserve_tokens=100)
+
+
+async def test_a_deployment_whose_headers_say_its_tokens_are_gone_is_skipped_until_they_come_back():
+    limited, other = HeaderLimited("limited"), Flaky("other")
+    r = router(limited, other)
+    assert await served_by(r, request()) == "limited"
+    limited.rate_limit.update({"x-ratelimit-remaining-tokens": "50", "x-ratelimit-reset-tokens": "60"})
+    assert await served_by(r, request()) == "other", "under its reserve: not tried (no 429 asked for)"
+    assert limited.calls == 1
+    limited.rate_limit.update({"x-ratelimit-remaining-tokens": "5000", "x-ratelimit-reset-tokens": "60"})
+    assert await served_by(r, request()) == "limited"
 
 
 async def test_least_latency_policy_prefers_the_faster_deployment():

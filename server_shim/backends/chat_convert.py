@@ -45,9 +45,11 @@ class ChatPrompt:
     O(N^2). A segment keeps each message's encoding (what the backend body joins) and not the
     message dict: the strings of a dict would be shared with the items, but its containers cost
     about as much again as the fragments, and only rare paths (a tokenizer, the guard simulator)
-    read messages back, decoding them. `messages` and `fragments` walk the chain (O(N), as the
-    backend body join is). Immutable once made, though not `frozen` (a frozen dataclass sets
-    each field through `object.__setattr__`: a third of what a segment cost to make, two a turn).
+    read messages back, decoding them. Every `RUN`th segment of a chain is a `_Checkpoint`, which also
+    holds the fragments of the `RUN` segments it ends: `messages`, `fragments` and the backend body
+    walk the chain a step per checkpoint (and per segment after the last one), gathering the
+    fragments in C. Immutable once made, though not `frozen` (a frozen dataclass sets each field
+    through `object.__setattr__`: a third of what a segment cost to make, two a turn).
     """
 
     parent: ChatPrompt | None = field(default=None, repr=False)
@@ -58,6 +60,8 @@ class ChatPrompt:
     """JSON bytes of the whole chain (what the backend body carries)."""
     held: int = 0
     """Memory the whole chain holds (see `footprint`), for the byte bounds of the cache and the store."""
+    since: int = 0
+    """Segments since the chain's last checkpoint, this one included (0: a checkpoint, or no segment)."""
 
     def extend(self, messages: list[Message]) -> ChatPrompt:
         if len(messages) != 1:
@@ -74,30 +78,44 @@ class ChatPrompt:
         # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
         fragment = bytes(memoryview(dumps(message, option=OPT_SORT_KEYS)))
         size = len(fragment)  # held as `fragments_held` counts a one-message segment
-        parent = self if self.count else None
-        return ChatPrompt(parent, (fragment,), self.count + 1, self.nbytes + size + 1, self.held + ONE_HELD + size)
+        since = self.since + 1
+        return (ChatPrompt if since < RUN else _checkpoint)(
+            self if self.count else None,
+            (fragment,),
+            self.count + 1,
+            self.nbytes + size + 1,
+            self.held + ONE_HELD + size,
+            since,
+        )
 
     def _extend_many(self, messages: list[Message]) -> ChatPrompt:
         # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
         fragments = tuple([bytes(memoryview(dumps(m, option=OPT_SORT_KEYS))) for m in messages])
         count = len(fragments)
         size = sum(map(len, fragments))
-        return ChatPrompt(
+        since = self.since + 1
+        return (ChatPrompt if since < RUN else _checkpoint)(
             self if self.count else None,
             fragments,
             self.count + count,
             self.nbytes + size + count,
             self.held + SEGMENT_HELD + sys.getsizeof(fragments) + count * BYTES_HELD + size,  # `fragments_held`
+            since,
         )
 
     def _runs(self) -> list[tuple[bytes, ...]]:
-        """Each segment's fragments, oldest first: one Python step per segment, the fragments themselves
-        gathered in C by whoever chains them (a generator over every fragment cost twice the walk)."""
+        """The chain's fragments in runs, oldest first: a checkpoint's run at a time, then each segment's after
+        the last checkpoint; the fragments themselves gathered in C by whoever chains the runs (a generator over
+        every fragment cost twice a walk over every segment, which cost ~12 bytecodes a segment per turn)."""
         runs = []
         node: ChatPrompt | None = self
         while node is not None:
-            runs.append(node.own_fragments)
-            node = node.parent
+            if isinstance(node, _Checkpoint):
+                runs.append(node.run)
+                node = node.back
+            else:
+                runs.append(node.own_fragments)
+                node = node.parent
         runs.reverse()
         return runs
 
@@ -149,8 +167,40 @@ class ChatPrompt:
         return b",".join(items)
 
 
+RUN = 32
+"""Every 32nd segment of a chain is a checkpoint: a walk over N segments takes N/32 steps and at most 31 more."""
+
+
+@dataclass(slots=True, eq=False)
+class _Checkpoint(ChatPrompt):
+    """A segment that also holds the fragments of the `RUN` segments it ends (its own last), and the checkpoint
+    before them: references to fragments the chain holds anyway, one tuple per `RUN` segments."""
+
+    run: tuple[bytes, ...] = ()
+    back: ChatPrompt | None = field(default=None, repr=False)
+    """The previous checkpoint (None: the chain's first `RUN` segments)."""
+
+
+def _checkpoint(
+    parent: ChatPrompt | None, fragments: tuple[bytes, ...], count: int, nbytes: int, held: int, since: int
+) -> ChatPrompt:
+    """The segment that ends a run (`since` == `RUN`), as a `_Checkpoint`: it walks back over the run once, and
+    holds (counted in `held`) the larger object and the tuple of the run's fragments."""
+    runs = [fragments]
+    node = parent
+    while node is not None and node.since:
+        runs.append(node.own_fragments)
+        node = node.parent
+    runs.reverse()
+    run = tuple(chain.from_iterable(runs))
+    held += CHECKPOINT_HELD - SEGMENT_HELD + sys.getsizeof(run)
+    return _Checkpoint(parent, fragments, count, nbytes, held, 0, run, node)
+
+
 SEGMENT_HELD = sys.getsizeof(ChatPrompt())
 """The segment object itself, beside its fragments."""
+CHECKPOINT_HELD = sys.getsizeof(_Checkpoint())
+"""A checkpoint segment object itself, beside its fragments and its run."""
 
 EMPTY = ChatPrompt()
 """The rendering of no items, where every history's rendering starts."""

@@ -77,6 +77,7 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
         self.quirks = quirks or Quirks()
         self.sends_stream_options = self.quirks.stream_usage
         """Cleared, for good, the first time the server refuses `stream_options`."""
+        self._completions = self.endpoint("/chat/completions")
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         prompt = chat_prompt(request.history)
@@ -85,7 +86,7 @@ class OpenAICompatibleBackend(PooledHTTPBackend):
             while True:
                 with_options = self.sends_stream_options
                 body = self._body(request, prompt, with_options)
-                async with self._client.stream("POST", "/chat/completions", content=body) as response:
+                async with self._client.stream("POST", self._completions, content=body) as response:
                     self.rate_limit.update(response.headers)
                     if response.status_code == 200:
                         async for delta in _parse_stream(bounded_lines(response.aiter_bytes()), input_estimate):

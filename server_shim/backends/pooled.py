@@ -42,6 +42,11 @@ class PooledHTTPBackend:
             limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
+    def endpoint(self, path: str) -> httpx2.URL:
+        """`path` under the base URL, merged as the client merges a relative URL: made once per backend and
+        passed as it is, since a relative URL is parsed and merged again on every request (~2k bytecodes)."""
+        return self._client.build_request("POST", path).url
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

@@ -54,6 +54,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
         self.websocket = websocket
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._upstreams: dict[str, _Upstream] = {}
+        self._responses = self.endpoint("/responses")
 
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         if self.websocket and request.connection_id is not None:
@@ -61,7 +62,7 @@ class ResponsesPassthroughBackend(PooledHTTPBackend):
                 yield delta
             return
         try:
-            async with self._client.stream("POST", "/responses", content=responses_body(request)) as response:
+            async with self._client.stream("POST", self._responses, content=responses_body(request)) as response:
                 self.rate_limit.update(response.headers)
                 if response.status_code != 200:
                     raise await self._status_error(response)
