@@ -180,6 +180,11 @@ class Pool:
         return sockets
 
     def _pick(self, credentials: Credentials, chain_generation: int | None) -> Socket | None:
+        for socket in self.sockets:  # the chain's own socket, looked for first without building the list below
+            if socket.generation == chain_generation:
+                if socket.usable and socket.free > 0 and socket.credentials == credentials:
+                    return socket
+                break
         ready = [s for s in self.sockets if s.usable and s.free > 0 and s.credentials == credentials]
         if not ready:
             return None
