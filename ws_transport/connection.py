@@ -42,10 +42,13 @@ log = logging.getLogger("ws_transport")
 ABNORMAL_CLOSURE = 1006
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 """What a turn that keeps only its outcome needs: the terminal event and the error that may follow it."""
+RESPONSE_TERMINAL = sorted(kind.removeprefix("response.") for kind in TERMINAL_EVENTS if kind.startswith("response."))
 PLAIN_UNKEPT_TYPE = re.compile(
-    rb'\{"type":"(?!(?:' + b"|".join(re.escape(kind.encode()) for kind in sorted(TERMINAL_EVENTS)) + rb')")[^"\\]+"'
+    rb'\{"type":"response\.(?!(?:' + b"|".join(kind.encode() for kind in RESPONSE_TERMINAL) + rb')")[a-z_.]+"'
 )
-"""A frame opening with a plain type (no escapes) that is not a terminal one, as the shim writes every event."""
+"""A frame opening with a plain `response.*` type (lowercase letters, dots and underscores: no escapes) that is
+not a terminal one, as the shim writes every event; a narrow pattern because a regular expression's match
+costs per character and per alternative (~3k instructions a frame, against ~4.4k for any type but the four)."""
 plain_unkept = PLAIN_UNKEPT_TYPE.match
 TEXT = Opcode.TEXT
 SEND_TEXT_BYTES = "text" in inspect.signature(ClientConnection.send).parameters
