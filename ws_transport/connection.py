@@ -224,14 +224,19 @@ class Connection:
                 self._timer = None
             listener.socket_closed(self)
 
-    def _take_event(self, event: object) -> None:
-        """The socket's `process_event`: a whole text message is routed here and now; anything else goes on to
-        `websockets` (and its recv, the reader's), and once a data frame did, every later one does."""
-        if self.taking and type(event) is Frame:
+    def _take_event(self, event: Frame) -> None:
+        """The socket's `process_event` (it gets only frames once the connection is open): a whole text message
+        is routed here and now, as `_take` routes it (inlined: most frames of a non-streaming turn end at
+        the first test); anything else goes on to `websockets` (and its recv, the reader's), and once a data
+        frame did, every later one does."""
+        if self.taking:
             opcode = event.opcode
             if opcode is TEXT and event.fin:
+                message = event.data
+                if not self.parsing_all and plain_unkept(message) is not None:
+                    return
                 try:
-                    self._take(event.data)
+                    self._route_json(message)
                     return
                 except orjson.JSONDecodeError:
                     pass  # to the reader, which closes the socket
@@ -247,9 +252,12 @@ class Connection:
         as the shim writes every event; a frame written otherwise is parsed). Dropped so, a stray
         non-terminal event is not logged: with debug logging on, every frame is parsed."""
         if self.parsing_all or plain_unkept(message) is None:
-            event = orjson.loads(message)
-            if type(event) is dict:
-                self._route(event)
+            self._route_json(message)
+
+    def _route_json(self, message: bytes | bytearray | memoryview) -> None:
+        event = orjson.loads(message)
+        if type(event) is dict:
+            self._route(event)
 
     def _route(self, event: dict[str, Any]) -> None:
         lane = self.lanes.get(event.get("stream_id") if self.use_lanes else None)

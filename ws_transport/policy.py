@@ -196,6 +196,11 @@ class Pool:
     def _retire_aged(self) -> None:
         """Sockets past the age limit retire (before the server's own 60-minute limit closes them)."""
         now = self.clock()
+        for socket in self.sockets:  # every turn asks: one pass without a copy while none is past it
+            if now - socket.opened_at > self.max_age_s:
+                break
+        else:
+            return
         for socket in list(self.sockets):
             if socket.usable and now - socket.opened_at > self.max_age_s:
                 self.drain(socket)
