@@ -19,6 +19,7 @@ from typing import Protocol
 from . import metrics
 
 MIB = 1024 * 1024
+_BUDGET_EVICTIONS = metrics.CACHE_EVICTIONS.labels("budget")
 
 
 class Budgeted(Protocol):
@@ -59,10 +60,14 @@ class CacheBudget:
 
     def settle(self, cache: Budgeted) -> None:
         """`cache` changed (a response put or dropped): charge its bytes, then drop what is over a bound."""
+        tenant = cache.tenant
         self._charge(cache)
-        self._queues.setdefault(cache.tenant, OrderedDict())[cache] = None
-        self._queues[cache.tenant].move_to_end(cache)
-        while self._tenants.get(cache.tenant, 0) > self.tenant_max_bytes and self._drop(cache.tenant, cache):
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = OrderedDict()
+        queue[cache] = None
+        queue.move_to_end(cache)
+        while self._tenants.get(tenant, 0) > self.tenant_max_bytes and self._drop(tenant, cache):
             pass
         while self.total > self.max_bytes and self._drop_from_largest(cache):
             pass
@@ -106,7 +111,7 @@ class CacheBudget:
                 cache.drop_oldest()
                 self._charge(cache)
                 self.evicted += 1
-                metrics.CACHE_EVICTIONS.labels("budget").inc()
+                metrics.add(_BUDGET_EVICTIONS)
                 return True
             queue.move_to_end(cache)
         return False

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .budgets import CacheBudget
 
 STATE_OVERHEAD = 1024
+_CAPACITY_EVICTIONS = metrics.CACHE_EVICTIONS.labels("capacity")
 """The state object, its call-id set and the bookkeeping around it, per response."""
 
 
@@ -126,21 +127,25 @@ class ChainLedger:
         self._states: dict[str, ResponseState] = {}
 
     def add(self, state: ResponseState) -> None:
-        self.remove(state.id)
-        parent = state.parent_id
-        if parent is not None and parent in self._states:
+        response = state.response
+        response_id = response["id"]
+        states = self._states
+        if response_id in states:
+            self.remove(response_id)
+        parent = response.get("previous_response_id")
+        if parent is not None and parent in states:
             charge = state.own_bytes
             siblings = self._children.get(parent)
             if siblings is None:
-                self._children[parent] = state.id
+                self._children[parent] = response_id
             elif isinstance(siblings, str):
-                self._children[parent] = {siblings, state.id}
+                self._children[parent] = {siblings, response_id}
             else:
-                siblings.add(state.id)
+                siblings.add(response_id)
         else:
             charge = state.size
-        self._states[state.id] = state
-        self._charges[state.id] = charge
+        states[response_id] = state
+        self._charges[response_id] = charge
         self.total += charge
 
     def remove(self, response_id: str) -> None:
@@ -195,12 +200,17 @@ class ConnectionCache:
         return state
 
     def put(self, state: ResponseState) -> None:
-        self.evict(state.id)
-        self._states[state.id] = state
-        self._ledger.add(state)
-        while len(self._states) > 1 and (len(self._states) > self.max_responses or self.nbytes > self.max_bytes):
+        """Once per turn: the id read once, and only looked up to evict when it is cached already (a retried id)."""
+        response_id = state.response["id"]
+        states = self._states
+        if response_id in states:
+            self.evict(response_id)
+        states[response_id] = state
+        ledger = self._ledger
+        ledger.add(state)
+        while len(states) > 1 and (len(states) > self.max_responses or ledger.total > self.max_bytes):
             self.drop_oldest()
-            metrics.CACHE_EVICTIONS.labels("capacity").inc()
+            metrics.add(_CAPACITY_EVICTIONS)
         if self.budget is not None:
             self.budget.settle(self)
 

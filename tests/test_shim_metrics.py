@@ -77,6 +77,22 @@ async def test_turns_stages_tokens_cache_and_errors_are_counted_once_per_turn(ma
     assert after[("responses_ws_deployment_breaker_state", (("deployment", "simulated"),))] == 0
 
 
+async def test_responses_dropped_from_a_connection_cache_are_counted_by_reason(make_server):
+    """Past `cache_max_responses` a connection's oldest goes (capacity); past the budget for all caches, the oldest
+    of the least recently used cache (budget)."""
+    for settings, reason in (({"cache_max_responses": 2}, "capacity"), ({"cache_budget_bytes": 150_000}, "budget")):
+        server = make_server(api_keys=[API_KEY], **settings)
+        before = scrape(server)
+        async with (
+            AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as sdk,
+            sdk.responses.connect() as conn,
+        ):
+            for _ in range(5):
+                completed_ok(await run_turn(conn, input="x" * 30_000, store=False))
+            evicted = delta(before, scrape(server), "responses_ws_cache_evictions_total", reason=reason)
+        assert evicted == 3 if reason == "capacity" else evicted > 0, reason
+
+
 def metrics_status(server, key: str | None = None) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx2.get(server.base_url.removesuffix("/v1") + "/metrics", headers=headers).status_code
