@@ -52,7 +52,8 @@ _SCALAR_KEYS = ("id", "object", "status", "model", "created_at", "store", "compl
 _scalars_of = itemgetter(*_SCALAR_KEYS)
 _SCALAR_TYPES = ((str, str, str, str, int, bool, int), (str, str, str, str, int, bool, type(None)))
 _PARTS = ("error", "incomplete_details", "metadata")
-_parts_of = itemgetter(*_PARTS, "usage")
+_parts_of = itemgetter(*_PARTS, "usage", *NOT_HELD)
+"""With the fields not held: a response with every field `response_object` writes, and as many, has no other."""
 _STANDARD_FIELDS = len(ECHO_DEFAULTS) + len(_SCALAR_KEYS) + len(_PARTS) + 2  # and output, usage
 _STR, _INT, _DICT = str.__sizeof__, int.__sizeof__, dict.__sizeof__
 _NONE = sys.getsizeof(None)
@@ -105,7 +106,7 @@ def _standard_held(
     """
     try:
         scalars = _scalars_of(response)
-        error, incomplete, metadata, usage = _parts_of(response)
+        error, incomplete, metadata, usage, _, _ = _parts_of(response)
     except KeyError:
         return None
     if tuple(map(type, scalars)) not in _SCALAR_TYPES:

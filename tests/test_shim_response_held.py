@@ -163,3 +163,13 @@ def test_a_container_held_by_two_parts_is_counted_once_for_each_never_less():
     assert response_held(response, (response["metadata"], {}, ()), None) == _walked(
         response, (response["metadata"], {}, ())
     )
+
+
+@given(st.sampled_from(sorted(NOT_HELD)))
+def test_a_response_with_another_field_in_place_of_one_not_held_is_walked_in_full(missing):
+    """As many fields as `response_object` writes, one of them (`output` or `tools`) replaced by another field:
+    the other field is held and counted (sized field by field, it was left out)."""
+    response = response_object("resp_1", CreateRequest(model="m"), status="completed", usage=Usage(3, 4, 1))
+    del response[missing]
+    response["conversation"] = {"id": "conv_" + "c" * 500}
+    assert response_held(response, ({}, {}, ()), None) == _walked(response, ({}, {}, ()))
