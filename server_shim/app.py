@@ -47,6 +47,7 @@ from .tokens import counters_by_model
 from .trim import Count, Counts, Trimmer, settle_hooks
 from .turn import Turn
 from .turn_plan import TurnEnv
+from .turn_settings import SharedDerivations
 from .ws import CLOSE_GOING_AWAY, FORCE_CLOSE_EXTENSION, ResponsesConnection
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class ShimState:
     """Whether the store has answered once: `/readyz` waits for that, as for a deployment (a later outage
     does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
+    derivations: SharedDerivations = field(default_factory=SharedDerivations)
+    """Settings derived lately on any connection (`turn_settings`): a connection's first turn reuses them."""
     release: Callable[[str], Awaitable[None]] | None = field(init=False, repr=False)
     """The backend's `release` of a closed connection's state where it keeps some (`ConnectionScoped`), looked up
     once: an `isinstance` against a runtime-checkable protocol walks the protocol's attributes on every call."""

@@ -4,6 +4,9 @@ An agent's chained turns repeat the same settings (model, instructions, tools, o
 `input` and `previous_response_id`. The Response object's echo (but its `previous_response_id`, set per turn),
 the containers of it to be sized, and the backend's fields (`request_fields`) depend on nothing else, so a
 connection keeps the last derivation (`SettingsMemo`) and reuses it while the settings are exactly the same.
+Many connections of one server usually send the same settings too (one agent's configuration, many agents): a
+connection's first turn, or a turn whose settings changed, takes the derivation of these settings from the server's
+few most recent ones (`SharedDerivations`) when another connection made it, rather than deriving them again.
 
 "The same" is decided on the settings' JSON: `orjson.dumps` of every field a derivation reads (every declared
 field but `input`, `previous_response_id`, `stream_id` and `generate`), the extra fields and the private ones.
@@ -20,6 +23,7 @@ get their own copies of the two field dicts (`TurnPlan.backend_request`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any, Literal
@@ -40,6 +44,9 @@ MAX_KEY_BYTES = 64 * 1024
 objects of one request's settings outside the caches' byte bounds (the states a connection caches mostly hold
 the same objects: their Response objects echo the memo's): bounded here to what an agent's tools and
 instructions usually take."""
+SHARED_DERIVATIONS = 16
+"""The derivations a server keeps for all its connections (`SharedDerivations`): at most this many settings' JSON of
+at most `MAX_KEY_BYTES` each, and the objects of their requests' settings."""
 
 
 class Derived:
@@ -94,20 +101,54 @@ def settings_key(request: CreateRequest) -> bytes | None:
         return None
 
 
+class SharedDerivations:
+    """The server's most recently derived settings, by their JSON, for every connection (the least recently used
+    dropped past `entries`). Sharing one is safe: nothing derived is changed in place by its readers, and what a
+    derivation fills in later (footprints by `id`, the echo's JSON) is the same whichever turn fills it in."""
+
+    __slots__ = ("_by_key", "entries")
+
+    def __init__(self, entries: int = SHARED_DERIVATIONS) -> None:
+        self.entries = entries
+        self._by_key: OrderedDict[bytes, Derived] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: bytes) -> Derived | None:
+        derived = self._by_key.get(key)
+        if derived is not None:
+            self._by_key.move_to_end(key)
+        return derived
+
+    def put(self, key: bytes, derived: Derived) -> None:
+        self._by_key[key] = derived
+        if len(self._by_key) > self.entries:
+            self._by_key.popitem(last=False)
+
+
 class SettingsMemo:
-    """A connection's last derivation, reused while its requests' settings stay exactly the same."""
+    """A connection's last derivation, reused while its requests' settings stay exactly the same; another one
+    taken from `shared` (the server's) when its connections derived these settings lately."""
 
-    __slots__ = ("_derived", "_key")
+    __slots__ = ("_derived", "_key", "_shared")
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedDerivations | None = None) -> None:
         self._key: bytes | None = None
         self._derived: Derived | None = None
+        self._shared = shared
 
     def derived(self, request: CreateRequest) -> Derived:
         key = settings_key(request)
         if key is not None and key == self._key and self._derived is not None:
             return self._derived
-        derived = Derived(request)
-        if key is not None and len(key) <= MAX_KEY_BYTES:
-            self._key, self._derived = key, derived
+        if key is None or len(key) > MAX_KEY_BYTES:
+            return Derived(request)
+        shared = self._shared
+        derived = shared.get(key) if shared is not None else None
+        if derived is None:
+            derived = Derived(request)
+            if shared is not None:
+                shared.put(key, derived)
+        self._key, self._derived = key, derived
         return derived

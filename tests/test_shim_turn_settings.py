@@ -13,7 +13,7 @@ from support.wire import API_KEY, LOOKUP_TOOL, MODEL, completed_ok, run_turn
 
 from server_shim.footprint import footprint
 from server_shim.requests import CreateRequest, parse_create
-from server_shim.turn_settings import MAX_KEY_BYTES, Derived, SettingsMemo
+from server_shim.turn_settings import MAX_KEY_BYTES, Derived, SettingsMemo, SharedDerivations
 
 JSON = st.recursive(
     st.one_of(
@@ -184,3 +184,46 @@ def test_settings_larger_than_the_bound_are_derived_afresh_each_turn():
     assert memo.derived(request(large)) is not memo.derived(request(large))
     small = {"model": "m", "instructions": "x"}
     assert memo.derived(request(small)) is memo.derived(request(small))
+
+
+@settings(max_examples=100, deadline=None)
+@given(BODIES, st.fixed_dictionaries({}, optional=PER_TURN))
+def test_a_connection_takes_the_derivation_another_one_made_of_the_same_settings(body, per_turn):
+    shared = SharedDerivations()
+    first = SettingsMemo(shared).derived(request(body))
+    again = request({**body, **per_turn})
+    assert SettingsMemo(shared).derived(again) is first
+    assert_same(first, Derived(again), again)
+
+
+def test_the_shared_derivations_keep_the_most_recently_used_few():
+    shared = SharedDerivations(entries=2)
+    bodies = [{"model": "m", "instructions": name} for name in ("a", "b", "c")]
+    a, b = (SettingsMemo(shared).derived(request(body)) for body in bodies[:2])
+    assert SettingsMemo(shared).derived(request(bodies[0])) is a  # a used again: b is now the oldest
+    SettingsMemo(shared).derived(request(bodies[2]))
+    assert len(shared) == 2
+    assert SettingsMemo(shared).derived(request(bodies[0])) is a
+    assert SettingsMemo(shared).derived(request(bodies[1])) is not b
+
+
+def test_settings_larger_than_the_bound_are_not_shared():
+    shared = SharedDerivations()
+    large = {"model": "m", "instructions": "x" * MAX_KEY_BYTES}
+    assert SettingsMemo(shared).derived(request(large)) is not SettingsMemo(shared).derived(request(large))
+    assert len(shared) == 0
+
+
+async def test_connections_with_the_same_settings_share_one_derivation_and_each_echoes_its_own(server):
+    """Over three connections of one server: the same settings derived once, other settings apart, and every
+    Response object echoes its own request's settings."""
+    same = {"tools": [LOOKUP_TOOL], "instructions": "be brief", "metadata": {"a": "1"}}
+    other = {**same, "instructions": "be thorough"}
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk:
+        for fields, derived in ((same, 1), (same, 1), (other, 2)):
+            async with sdk.responses.connect() as conn:
+                turn = await run_turn(conn, input="hi", **fields)
+                completed_ok(turn)
+                assert turn.response["instructions"] == fields["instructions"]
+                assert turn.response["tools"][0]["name"] == LOOKUP_TOOL["name"]
+            assert len(server.shim.derivations) == derived
