@@ -29,8 +29,12 @@ class Numbering(Protocol):
 
 _RESPONSE_EVENT = b'{"type":"%b","sequence_number":%d,"response":%b%b'
 _RESPONSE_HEAD = b'{"id":%b,"object":"response","created_at":%d,"completed_at":%b,"status":%b,%b'
-_RESPONSE_REST = b'"error":%b,"incomplete_details":%b,"metadata":%b,"output":%b,"usage":%b}'
-_RESPONSE_REST_ECHOING_METADATA = b'"metadata":%b%b,"error":%b,"incomplete_details":%b,"output":%b,"usage":%b}'
+_RESPONSE = _RESPONSE_HEAD + b'"error":%b,"incomplete_details":%b,"metadata":%b,"output":%b,"usage":%b}'
+_RESPONSE_ECHOING_METADATA = (
+    _RESPONSE_HEAD + b'"metadata":%b%b,"error":%b,"incomplete_details":%b,"output":%b,"usage":%b}'
+)
+_STATUSES = {status: orjson.dumps(status) for status in ("completed", "incomplete", "failed", "cancelled")}
+"""The terminal statuses' JSON (any other is encoded)."""
 _MESSAGE_ADDED = (
     b'{"type":"response.output_item.added","sequence_number":%d,"output_index":%d,'
     b'"item":{"id":%b,"type":"message","status":"in_progress","role":"assistant","content":[]}%b'
@@ -216,13 +220,14 @@ class ResponseFrames:
         if self._echo is None or response["store"] is not self._echoed["store"]:
             return None
         output = response["output"]
-        completed_at = response["completed_at"]
+        completed_at, status = response["completed_at"], response["status"]
+        error, incomplete = response["error"], response["incomplete_details"]
         try:
             body = self._body(
                 b"null" if completed_at is None else b"%d" % completed_at,
-                orjson.dumps(response["status"]),
-                orjson.dumps(response["error"]),
-                orjson.dumps(response["incomplete_details"]),
+                _STATUSES.get(status) or orjson.dumps(status),
+                b"null" if error is None else orjson.dumps(error),
+                b"null" if incomplete is None else orjson.dumps(incomplete),
                 response["metadata"],
                 b"[%b]" % b",".join(items) if len(items) == len(output) else orjson.dumps(output),
                 orjson.dumps(response["usage"]),
@@ -242,12 +247,30 @@ class ResponseFrames:
         output: bytes,
         usage: bytes = b"null",
     ) -> bytes:
-        assert self._echo is not None
-        head = _RESPONSE_HEAD % (self._id, self._created_at, completed_at, status, self._echo)
+        """The Response object's JSON, in one `%` (its head and rest in one template)."""
+        echo = self._echo
+        assert echo is not None
+        metadata_json = orjson.dumps(metadata) if metadata else b"{}"
         if "metadata" not in self._echoed:
-            return head + _RESPONSE_REST % (error, incomplete, orjson.dumps(metadata), output, usage)
-        return head + _RESPONSE_REST_ECHOING_METADATA % (
-            orjson.dumps(metadata),
+            return _RESPONSE % (
+                self._id,
+                self._created_at,
+                completed_at,
+                status,
+                echo,
+                error,
+                incomplete,
+                metadata_json,
+                output,
+                usage,
+            )
+        return _RESPONSE_ECHOING_METADATA % (
+            self._id,
+            self._created_at,
+            completed_at,
+            status,
+            echo,
+            metadata_json,
             self._after,
             error,
             incomplete,
