@@ -23,6 +23,7 @@ from .limits import RequestLimits, too_many_values
 from .requests import parse_create
 from .tenants import scope_tenant
 from .turn import Turn
+from .turn_settings import SettingsMemo
 
 if TYPE_CHECKING:
     from .app import ShimState
@@ -58,7 +59,10 @@ async def create_response(request: Request) -> Response:
         create = parse_create(body, websocket=False, limits=shim.env.limits, depth=shape.depth)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
-        turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope))
+        memo = SettingsMemo(
+            shim.derivations
+        )  # the server's: HTTP requests repeating an agent's settings derive them once
+        turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope), memo=memo)
         turn.result.trace_carrier = tracing.carrier(request.scope["headers"])
         await turn.prepare()
     except APIError as error:

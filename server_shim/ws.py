@@ -21,6 +21,7 @@ from . import json_slices, metrics, tracing
 from .admission import QueueBound
 from .errors import APIError
 from .events import new_id
+from .in_flight import InFlight
 from .limits import is_large
 from .requests import CreateRequest, check_stream_id, parse_create
 from .steer import Steering
@@ -70,7 +71,7 @@ class ResponsesConnection:
         self.steering = Steering(shim.env.limits)
         self.state = ConnectionState.OPEN
         self._lanes: dict[str | None, _Lane] = {}
-        self._in_flight = asyncio.Semaphore(settings.max_in_flight)
+        self._in_flight = InFlight(settings.max_in_flight, asyncio.get_running_loop())
         self._send_lock = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
         self._closing_error = APIError(503, "server_shutting_down", "The server is shutting down.")
@@ -234,7 +235,7 @@ class ResponsesConnection:
     def _waits(self, stream_id: str | None) -> bool:
         """Whether a request for this lane would wait (its lane busy, or every in-flight slot taken)."""
         lane = self._lanes.get(stream_id)
-        return (lane is not None and lane.worker is not None) or self._in_flight.locked()
+        return (lane is not None and lane.worker is not None) or not self._in_flight.free
 
     async def _parsed(self, frame: str | bytes, size: int) -> CreateRequest | APIError:
         """A queued frame read again when its turn comes (its JSON and type were checked on arrival)."""
@@ -253,7 +254,8 @@ class ResponsesConnection:
                 if isinstance(request, APIError):
                     await self.send(with_lane(request.event(), stream_id))
                     continue
-                await self._in_flight.acquire()  # `async with`, less its two coroutines per request
+                if not self._in_flight.take_now():
+                    await self._in_flight.take()
                 try:  # a queued frame is parsed only once it may run
                     if isinstance(request, str | bytes):
                         request = await self._parsed(request, size)
@@ -262,7 +264,7 @@ class ResponsesConnection:
                     else:
                         await run_turn(self, request, stream_id)
                 finally:
-                    self._in_flight.release()
+                    self._in_flight.give()
         except WebSocketDisconnect:
             pass  # the client is gone: the turn was stopped (and metered) on the way out; nothing is left to tell
         finally:

@@ -227,3 +227,13 @@ async def test_connections_with_the_same_settings_share_one_derivation_and_each_
                 assert turn.response["instructions"] == fields["instructions"]
                 assert turn.response["tools"][0]["name"] == LOOKUP_TOOL["name"]
             assert len(server.shim.derivations) == derived
+
+
+async def test_http_requests_with_the_same_settings_share_one_derivation_and_each_echoes_its_own(server):
+    same = {"tools": [LOOKUP_TOOL], "instructions": "be brief", "metadata": {"a": "1"}}
+    other = {**same, "instructions": "be thorough"}
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk:
+        for fields, derived in ((same, 1), (same, 1), (other, 2), (same, 2)):
+            response = await sdk.responses.create(model=MODEL, input="hi", **fields)
+            assert response.instructions == fields["instructions"] and response.tools[0].name == LOOKUP_TOOL["name"]
+            assert len(server.shim.derivations) == derived
