@@ -37,9 +37,9 @@ class History:
         self.parent = parent
         self.own = own
         """This node's batch."""
-        if own_held is None:
-            own_held = batch_footprint(own) if own else 0
         nbytes = sum(map(len, map(orjson.dumps, own))) + len(own)
+        if own_held is None:  # after the encoding: it leaves a UTF-8 copy in each non-ASCII string, held from then on
+            own_held = batch_footprint(own) if own else 0
         if parent is None:
             self.count: int = len(own)
             """Items in the whole chain."""

@@ -131,3 +131,14 @@ def test_an_emptied_list_is_sized_with_the_room_it_keeps():
     part = {"type": "output_text", "text": "t", "annotations": [], "logprobs": logprobs}
     message = ({**USUAL["the assistant's message"], "content": [part]},)
     assert batch_footprint(message) == footprint_by_definition(message)
+
+
+@pytest.mark.parametrize("text", ["é" * 3000, "漢" * 3000, "🙂" * 3000, "plain" * 600])
+def test_a_history_counts_the_utf8_copy_its_encoding_leaves_in_a_string(text):
+    """`History` encodes a batch (for its JSON size) and sizes it: a non-ASCII string holds its UTF-8 copy from
+    the encoding on, so the batch is sized after it (sized before, CJK text was under-counted by ~40%)."""
+    from server_shim.history import History
+
+    batch = ({"type": "message", "role": "user", "content": text},)
+    history = History(None, batch)
+    assert history.items_held == footprint_by_definition(batch)
