@@ -107,7 +107,9 @@ def responses_ws_response_finished(response: dict[str, Any], transport: str, inf
     `response` is the final response object (completed, incomplete or failed) and `transport` is
     "websocket" or "http"; `info` (`server_shim.postinference.TurnInfo`) adds the tenant id,
     connection id, deployment, time to first token and duration. Declare only the arguments you
-    use. Called in a background task as the client gets the terminal event, so it overlaps the
+    use. `response` is read-only: the state cache and the store keep the same object, and the
+    settings it echoes (`text`, `tools`, `metadata`...) are shared with the tenant's other responses
+    made with the same settings (copy it to change it). Called in a background task as the client gets the terminal event, so it overlaps the
     client's next request instead of delaying it; the server drains pending calls at shutdown.
     The built-in usage ledger needs no hook: it records every response durably on its own. May be sync or `async def`. Each plugin's implementation runs on its own:
     an exception is logged with the plugin's name and stops no other sink; nothing reaches the client.

@@ -59,10 +59,9 @@ async def create_response(request: Request) -> Response:
         create = parse_create(body, websocket=False, limits=shim.env.limits, depth=shape.depth)
         if create.background:
             raise invalid("unsupported_parameter", "'background: true' is not supported by this server.", "background")
-        memo = SettingsMemo(
-            shim.derivations
-        )  # the server's: HTTP requests repeating an agent's settings derive them once
-        turn = Turn(create, shim.env, cache=None, transport="http", tenant=scope_tenant(request.scope), memo=memo)
+        tenant = scope_tenant(request.scope)
+        memo = SettingsMemo(shim.derivations, tenant)  # the server's: an agent's repeated settings derived once
+        turn = Turn(create, shim.env, cache=None, transport="http", tenant=tenant, memo=memo)
         turn.result.trace_carrier = tracing.carrier(request.scope["headers"])
         await turn.prepare()
     except APIError as error:

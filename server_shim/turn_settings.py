@@ -32,6 +32,7 @@ import orjson
 
 from .event_frames import EchoJson
 from .events import echo_of
+from .footprint import footprint
 from .request_fields import chat_options, responses_fields
 from .requests import CreateRequest
 from .response_held import ECHO_DEFAULT_SIZES
@@ -40,13 +41,19 @@ PER_TURN = frozenset({"input", "previous_response_id", "stream_id", "generate"})
 """The declared fields no derivation here reads: they may change while the derivation is reused."""
 _settings_of = itemgetter(*(name for name in CreateRequest.model_fields if name not in PER_TURN))
 MAX_KEY_BYTES = 64 * 1024
-"""Settings whose JSON is larger are derived afresh each turn. The memo holds, per connection, this JSON and the
-objects of one request's settings outside the caches' byte bounds (the states a connection caches mostly hold
-the same objects: their Response objects echo the memo's): bounded here to what an agent's tools and
-instructions usually take."""
+"""Settings whose JSON is larger are derived afresh each turn, neither remembered nor shared."""
+MAX_HELD_BYTES = 128 * 1024
+"""A derivation is remembered (by its connection, and shared) only while the objects of its request's settings and
+what was derived from them hold at most this much memory (`footprint`): a connection's memo holds them outside the
+caches' byte bounds (its cached states mostly hold the same objects: their Response objects echo the memo's, but
+not the extra fields nor the backends' copies), and JSON of small containers holds ~25 times its length in objects,
+so the JSON's length alone let each connection keep ~1.5 MB that no bound counted."""
+UNWALKED_KEY_BYTES = 4 * 1024
+"""Settings whose JSON is at most this long are remembered without being measured: whatever their shape, they hold
+less than `MAX_HELD_BYTES` (`tests/test_shim_turn_settings.py` holds the worst shapes to it)."""
 SHARED_DERIVATIONS = 16
-"""The derivations a server keeps for all its connections (`SharedDerivations`): at most this many settings' JSON of
-at most `MAX_KEY_BYTES` each, and the objects of their requests' settings."""
+"""The derivations a server keeps for all its connections (`SharedDerivations`): at most this many, each within
+`MAX_KEY_BYTES` of JSON and `MAX_HELD_BYTES` of objects."""
 
 
 class Derived:
@@ -93,6 +100,15 @@ def echoed_parts(echoed: dict[str, Any], given: Iterable[str]) -> list[dict[str,
     return parts
 
 
+def held_within_bound(key: bytes, request: CreateRequest, derived: Derived) -> bool:
+    """Whether the memo may keep `derived` (see `MAX_HELD_BYTES`): measured only for settings of more than
+    `UNWALKED_KEY_BYTES` of JSON, once per change of the settings."""
+    if len(key) <= UNWALKED_KEY_BYTES:
+        return True
+    settings = (_settings_of(request.__dict__), request.__pydantic_extra__, request.__pydantic_private__)
+    return footprint((settings, derived.echoed, derived.options, derived.fields)) <= MAX_HELD_BYTES
+
+
 def settings_key(request: CreateRequest) -> bytes | None:
     """The settings' JSON (see the module's docstring); None when orjson cannot encode them."""
     try:
@@ -102,26 +118,26 @@ def settings_key(request: CreateRequest) -> bytes | None:
 
 
 class SharedDerivations:
-    """The server's most recently derived settings, by their JSON, for every connection (the least recently used
-    dropped past `entries`). Sharing one is safe: nothing derived is changed in place by its readers, and what a
+    """The server's most recently derived settings, by tenant and the settings' JSON, for every connection of the
+    tenant (the least recently used dropped past `entries`). Sharing one is safe: nothing derived is changed in place by its readers, and what a
     derivation fills in later (footprints by `id`, the echo's JSON) is the same whichever turn fills it in."""
 
     __slots__ = ("_by_key", "entries")
 
     def __init__(self, entries: int = SHARED_DERIVATIONS) -> None:
         self.entries = entries
-        self._by_key: OrderedDict[bytes, Derived] = OrderedDict()
+        self._by_key: OrderedDict[tuple[str | None, bytes], Derived] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def get(self, key: bytes) -> Derived | None:
+    def get(self, key: tuple[str | None, bytes]) -> Derived | None:
         derived = self._by_key.get(key)
         if derived is not None:
             self._by_key.move_to_end(key)
         return derived
 
-    def put(self, key: bytes, derived: Derived) -> None:
+    def put(self, key: tuple[str | None, bytes], derived: Derived) -> None:
         self._by_key[key] = derived
         if len(self._by_key) > self.entries:
             self._by_key.popitem(last=False)
@@ -129,14 +145,15 @@ class SharedDerivations:
 
 class SettingsMemo:
     """A connection's last derivation, reused while its requests' settings stay exactly the same; another one
-    taken from `shared` (the server's) when its connections derived these settings lately."""
+    taken from `shared` (the server's) when the same tenant's connections derived these settings lately."""
 
-    __slots__ = ("_derived", "_key", "_shared")
+    __slots__ = ("_derived", "_key", "_shared", "_tenant")
 
-    def __init__(self, shared: SharedDerivations | None = None) -> None:
+    def __init__(self, shared: SharedDerivations | None = None, tenant: str | None = None) -> None:
         self._key: bytes | None = None
         self._derived: Derived | None = None
         self._shared = shared
+        self._tenant = tenant
 
     def derived(self, request: CreateRequest) -> Derived:
         key = settings_key(request)
@@ -145,10 +162,13 @@ class SettingsMemo:
         if key is None or len(key) > MAX_KEY_BYTES:
             return Derived(request)
         shared = self._shared
-        derived = shared.get(key) if shared is not None else None
+        scoped = (self._tenant, key)
+        derived = shared.get(scoped) if shared is not None else None
         if derived is None:
             derived = Derived(request)
+            if not held_within_bound(key, request, derived):
+                return derived
             if shared is not None:
-                shared.put(key, derived)
+                shared.put(scoped, derived)
         self._key, self._derived = key, derived
         return derived

@@ -81,7 +81,7 @@ class ResponsesConnection:
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
         self.cache = shim.connection_cache(self.tenant)
-        self.memo = SettingsMemo(shim.derivations)
+        self.memo = SettingsMemo(shim.derivations, self.tenant)
         """What turns derive from the settings, reused while a request's are the same as the last's (`turn_settings`)."""
         self.queued = QueueBound(settings.max_queued_requests, settings.max_queued_bytes)
         self._room = asyncio.Event()

@@ -13,7 +13,16 @@ from support.wire import API_KEY, LOOKUP_TOOL, MODEL, completed_ok, run_turn
 
 from server_shim.footprint import footprint
 from server_shim.requests import CreateRequest, parse_create
-from server_shim.turn_settings import MAX_KEY_BYTES, Derived, SettingsMemo, SharedDerivations
+from server_shim.turn_settings import (
+    MAX_HELD_BYTES,
+    MAX_KEY_BYTES,
+    UNWALKED_KEY_BYTES,
+    Derived,
+    SettingsMemo,
+    SharedDerivations,
+    held_within_bound,
+    settings_key,
+)
 
 JSON = st.recursive(
     st.one_of(
@@ -237,3 +246,57 @@ async def test_http_requests_with_the_same_settings_share_one_derivation_and_eac
             response = await sdk.responses.create(model=MODEL, input="hi", **fields)
             assert response.instructions == fields["instructions"] and response.tools[0].name == LOOKUP_TOOL["name"]
             assert len(server.shim.derivations) == derived
+
+
+def packed(unit: str, limit: int) -> list[Any]:
+    """The most copies of the JSON `unit` a list can hold with its settings' JSON within `limit` bytes."""
+    import orjson
+
+    count = (limit - len(settings_key(request({"model": "m", "x": []})) or b"")) // (len(unit) + 1)
+    return orjson.loads("[" + ",".join([unit] * count) + "]")
+
+
+@pytest.mark.parametrize("unit", ["{}", "[]", "0", '""', "[[]]", '{"a":{}}', "[{}]"])
+def test_settings_within_the_unwalked_length_hold_less_than_the_bound_whatever_their_shape(unit):
+    """`UNWALKED_KEY_BYTES` of JSON is remembered unmeasured: its worst shapes (the most containers per byte) hold
+    less than `MAX_HELD_BYTES`, in the request's extra fields as in a declared one."""
+    for body in ({"model": "m", "x": packed(unit, UNWALKED_KEY_BYTES)}, {"model": "m", "metadata": {"a": "b"}}):
+        req = request(body)
+        key = settings_key(req)
+        assert key is not None and len(key) <= UNWALKED_KEY_BYTES
+        derived = Derived(req)
+        held = (req.__dict__, req.__pydantic_extra__, derived.echoed, derived.options, derived.fields)
+        assert footprint(held) < MAX_HELD_BYTES
+
+
+def test_settings_of_many_small_containers_are_neither_remembered_nor_shared():
+    """60 KiB of `{}` in an unknown field is under the JSON bound but holds ~1.5 MB of objects, which no cache's
+    byte bound counts (extra fields are not echoed): derived afresh each turn, kept by no connection (before, each
+    connection kept ~1.5 MB: 200 idle connections took 290 MB more)."""
+    shared = SharedDerivations()
+    memo = SettingsMemo(shared)
+    body = {"model": "m", "x": packed("{}", MAX_KEY_BYTES - 1024)}
+    req = request(body)
+    assert len(settings_key(req) or b"") <= MAX_KEY_BYTES
+    assert not held_within_bound(settings_key(req) or b"", req, Derived(req))
+    assert memo.derived(req) is not memo.derived(request(body))
+    assert len(shared) == 0
+    tools = {"model": "m", "tools": [{**LOOKUP_TOOL, "name": f"tool_{n}"} for n in range(40)]}
+    assert len(settings_key(request(tools)) or b"") > UNWALKED_KEY_BYTES  # measured, and an agent's tools fit
+    assert memo.derived(request(tools)) is memo.derived(request(tools))
+    assert len(shared) == 1
+
+
+def test_tenants_do_not_share_a_derivation():
+    """Two tenants' connections with the same settings derive them apart: a Response object of one never holds
+    objects of the other's request."""
+    shared = SharedDerivations()
+
+    def body() -> dict[str, Any]:  # each request parsed from its own frame
+        return {"model": "m", "instructions": "be brief", "metadata": {"a": "1"}}
+
+    first = SettingsMemo(shared, "tenant-a").derived(request(body()))
+    assert SettingsMemo(shared, "tenant-a").derived(request(body())) is first
+    other = SettingsMemo(shared, "tenant-b").derived(request(body()))
+    assert other is not first and other.echoed["metadata"] is not first.echoed["metadata"]
+    assert len(shared) == 2
