@@ -12,8 +12,9 @@ from collections.abc import Callable
 from .backends.base import Backend, BackendFactory
 from .config import DeploymentConfig, ShimConfig
 from .deadlines import Deadlines
+from .deployment_state import Deployment
 from .health import Health
-from .router import Deployment, Router
+from .router import Router
 
 
 def build_router(

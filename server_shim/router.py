@@ -17,79 +17,32 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from . import metrics
 from .backends.base import (
-    Backend,
     BackendRequest,
     Carry,
     ConnectionScoped,
     Delta,
-    RepliesAtOnce,
-    ReportsRateLimits,
     Routed,
     TextDelta,
     ToolCallDelta,
     Usage,
 )
-from .backends.rate_limits import RateLimitState
 from .config import RoutingConfig
-from .deadlines import Deadlines, Timer, Watch
+from .deadlines import Timer, Watch
+from .deployment_state import WILDCARD, Deployment
 from .errors import BackendError
-from .health import CLOSED, Health, TokenWindow
+from .health import CLOSED
 from .trim import Count, Counts
 
 log = logging.getLogger(__name__)
 
-WILDCARD = "*"
-
 STARTUP_PROBE_S = 5.0
 """How long start-up waits for the first health probe of the deployments before serving anyway."""
-
-
-@dataclass
-class Deployment:
-    name: str
-    backend: Backend
-    models: dict[str, str]
-    health: Health
-    priority: int = 0
-    max_concurrency: int | None = None
-    tokens_per_minute: int | None = None
-    hosted_tools: str = "drop"
-    """The deployment's hosted-tool policy (`DeploymentConfig.hosted_tools`)."""
-    context_window: int | None = None
-    """Tokens its model takes in (`DeploymentConfig.context_window`); None: not configured, nothing truncated."""
-    in_flight: int = 0
-    tokens: TokenWindow = field(default_factory=TokenWindow)
-    deadlines: Deadlines = field(default_factory=lambda: Deadlines(60.0, 180.0))
-    ready: Callable[[BackendRequest], Sequence[Delta] | None] | None = field(init=False, repr=False, compare=False)
-    """The backend's `ready` where it has one (`RepliesAtOnce`), looked up once rather than every turn."""
-    rate_limit: RateLimitState | None = field(init=False, repr=False, compare=False)
-    """The backend's rate-limit state where it reads one (`ReportsRateLimits`), looked up once: an `isinstance`
-    against a runtime-checkable protocol walks the protocol's attributes on every call (~100k instructions on
-    3.11), and every resolution (each conversation's first turn) asks `has_capacity`."""
-
-    def __post_init__(self) -> None:
-        self.ready = self.backend.ready if isinstance(self.backend, RepliesAtOnce) else None
-        self.rate_limit = self.backend.rate_limit if isinstance(self.backend, ReportsRateLimits) else None
-
-    def serves(self, alias: str) -> bool:
-        return alias in self.models or WILDCARD in self.models
-
-    def backend_model(self, alias: str) -> str:
-        target = self.models.get(alias, self.models.get(WILDCARD, alias))
-        return alias if target == WILDCARD else target
-
-    def has_capacity(self, now: float) -> bool:
-        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
-            return False
-        if self.tokens_per_minute is not None and self.tokens.total(now) >= self.tokens_per_minute:
-            return False
-        return self.rate_limit is None or not self.rate_limit.exhausted()
 
 
 class RouterStats(Counts):

@@ -12,9 +12,11 @@ from server_shim.backends import BackendRequest, SimulatedBackend, TextDelta
 from server_shim.backends.base import Delta, Routed
 from server_shim.backends.rate_limits import RateLimitState
 from server_shim.config import RoutingConfig
+from server_shim.deployment_state import Deployment
 from server_shim.errors import BackendError
+from server_shim.health import Health
 from server_shim.history import History
-from server_shim.router import Deployment, Health, Router
+from server_shim.router import Router
 
 
 class Clock:
