@@ -119,8 +119,9 @@ def settings_key(request: CreateRequest) -> bytes | None:
 
 class SharedDerivations:
     """The server's most recently derived settings, by tenant and the settings' JSON, for every connection of the
-    tenant (the least recently used dropped past `entries`). Sharing one is safe: nothing derived is changed in place by its readers, and what a
-    derivation fills in later (footprints by `id`, the echo's JSON) is the same whichever turn fills it in."""
+    tenant (the least recently used dropped past `entries`). Sharing one is safe: nothing derived is changed in
+    place by its readers, and what a derivation fills in later (footprints by `id`, the echo's JSON) is the same
+    whichever turn fills it in."""
 
     __slots__ = ("_by_key", "entries")
 
