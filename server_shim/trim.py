@@ -192,8 +192,8 @@ class Trimmer:
         gc.collect()
         renew_future_iterators(asyncio.get_running_loop())
         self.times.allowed = next_allowed(self.clock(), settled_s + self.cpu_clock() - cpu)
-        if _TRIM is not None:
-            asyncio.get_running_loop().create_task(asyncio.to_thread(_TRIM, 0))
+        if _TRIM is not None:  # handed to the executor at once: no coroutine left unawaited if the loop closes first
+            asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
 
 
 def clear_type_cache() -> None:

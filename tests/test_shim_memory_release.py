@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import tracemalloc
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -102,6 +103,20 @@ async def test_the_trimmer_collects_cycles_left_behind_after_a_burst_of_closes()
         trimmer.maybe_trim()
         trimmer.maybe_trim()  # coalesced with the first
         assert await _until(lambda: freed() is None)
+
+
+def test_a_trim_whose_loop_stops_before_it_runs_leaves_no_coroutine_unawaited():
+    """The trim goes to the executor as the collection ends. A loop that stopped in the same iteration (a test's,
+    a server's at exit) used to leave `to_thread`'s coroutine never awaited: a RuntimeWarning at its collection."""
+    loop = asyncio.new_event_loop()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.call_soon(Trimmer()._collect, 0.0)
+        loop.call_soon(loop.stop)  # the same iteration: a task created by the collection would never start
+        loop.run_forever()
+        loop.close()
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
 
 
 def test_a_trim_waits_for_the_end_of_the_burst_but_not_forever_and_keeps_collections_rare():
