@@ -84,6 +84,8 @@ class Router:
         """Whether any deployment declares a context window (read once: deployments are made with the router)."""
         self._routed = {d.name: Routed(d.name, MappingProxyType({})) for d in deployments}
         """Each deployment's decision when its backend carries nothing, made once (the turn copies the carry)."""
+        self._replies_at_once = any(d.ready is not None for d in deployments)
+        """Whether any deployment ever has a reply at once (`ready`): else `ready` looks nothing up."""
 
     async def models(self) -> list[str]:
         """The public aliases, plus what each `"*"` deployment lists; an error rather than an empty list
@@ -152,6 +154,54 @@ class Router:
         rest = [d for d in serving if d not in usable and d.health.available(now)]
         return usable + rest
 
+    def ready(self, request: BackendRequest) -> list[Delta] | None:
+        """The whole reply when its deployment has it at once (`RepliesAtOnce`), routed and measured as `stream`
+        would (stats, in flight, first token, token window, breaker, the decision last); else None, with nothing
+        counted, and `stream` routes it (a `ready` that raises too: `stream` fails over from it).
+        The caller walks a list: no generator, deadline watch or awaitable per delta, as nothing waits."""
+        if not self._replies_at_once:
+            return None
+        deployment = self._likely(request.model, request.deployment)
+        if deployment is None or deployment.ready is None:
+            return None
+        carry = request.carry if deployment.name == request.deployment else {}
+        try:
+            reply = deployment.ready(_routed(request, deployment, carry))
+        except BackendError:
+            return None
+        if reply is None:
+            return None
+        self.stats.cells[STICKY_REUSES if deployment.name == request.deployment else RESOLUTIONS] += 1
+        if request.stages is not None:
+            request.stages.mark("route")
+        request.served_by = deployment.name
+        deployment.in_flight += 1  # as in `stream`, though nothing can look while a list is walked
+        try:
+            return self._measured(deployment, reply, carry)
+        finally:
+            deployment.in_flight -= 1
+
+    def _measured(self, deployment: Deployment, reply: Sequence[Delta], carry: Mapping[str, Any]) -> list[Delta]:
+        """A ready reply as `stream` hands it on, measured with the same clock reads; its carry taken out."""
+        start = self.clock()
+        first: float | None = None
+        pieces = 0
+        deltas: list[Delta] = []
+        for delta in reply:
+            if isinstance(delta, (TextDelta, ToolCallDelta)):
+                pieces += 1
+                if first is None:
+                    first = self.clock()
+            elif isinstance(delta, Usage):
+                self._count_tokens(deployment, delta)
+            elif isinstance(delta, Carry):
+                carry = delta.values
+                continue
+            deltas.append(delta)
+        self._succeeded(deployment, start, first, pieces)
+        deltas.append(Routed(deployment.name, carry) if carry else self._routed[deployment.name])
+        return deltas
+
     async def stream(self, request: BackendRequest) -> AsyncGenerator[Delta, None]:
         """The first candidate's deltas; one that fails before its first delta hands over to the next.
         The deadlines (`Watch`) and the per-delta bookkeeping are applied here, in no generator of their own.
@@ -160,9 +210,13 @@ class Router:
         conversation that stays on its sticky deployment never resolves again: the others are resolved
         (and added to the list the loop walks) only when it fails over, and a turn that does not makes no
         iterator or generator for them (a `chain` with a never-started generator cost ~4k instructions).
-        A backend with its whole reply at once (`RepliesAtOnce`, the unpaced simulator) hands over a list:
-        no generator of its own and no deadline watch, as nothing waits (~19k instructions a 1-token turn).
+        A reply ready at once (`ready`) is handed on as it is, without a deadline watch, as nothing waits.
         """
+        ready = self.ready(request)
+        if ready is not None:
+            for delta in ready:
+                yield delta
+            return
         alias = request.model
         sticky = self._sticky(alias, request.deployment)
         if sticky is not None:
@@ -186,42 +240,30 @@ class Router:
             start = self.clock()
             first: float | None = None
             pieces = 0
-            watch: Watch | None = None
+            watch = Watch(deployment.deadlines, self._deadline_timer(), start)  # applied here: no generator
             try:
-                routed = _routed(request, deployment, carry)
-                ready = deployment.ready(routed) if deployment.ready is not None else None
-                if ready is None:
-                    watch = Watch(deployment.deadlines, self._deadline_timer(), start)  # applied here: no generator
-                    stream = deployment.backend.stream(routed)
-                held = iter(ready or ())
+                stream = deployment.backend.stream(_routed(request, deployment, carry))
                 while True:
-                    if watch is None:  # a reply ready at once (`RepliesAtOnce`): nothing waits, nothing to watch
-                        delta = next(held, None)
-                        if delta is None:
-                            break
-                    else:
-                        if watch.expired:
-                            watch.past_due()
-                        watch.waiting = True
-                        try:
-                            delta = await anext(stream)
-                        except StopAsyncIteration:
-                            break
-                        except asyncio.CancelledError:
-                            watch.cut()  # DeadlineExceeded when the deadline cut the read
-                            raise
-                        watch.waiting = False
-                        if watch.cancelled or watch.kick is not None:
-                            watch.settle()
+                    if watch.expired:
+                        watch.past_due()
+                    watch.waiting = True
+                    try:
+                        delta = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.CancelledError:
+                        watch.cut()  # DeadlineExceeded when the deadline cut the read
+                        raise
+                    watch.waiting = False
+                    if watch.cancelled or watch.kick is not None:
+                        watch.settle()
                     if isinstance(delta, (TextDelta, ToolCallDelta)):
                         pieces += 1
                         if first is None:
                             first = self.clock()
-                            if watch is not None:
-                                watch.token(first)
+                            watch.token(first)
                     elif isinstance(delta, Usage):
-                        if deployment.tokens_per_minute is not None:  # only its limit reads the window
-                            deployment.tokens.record(delta.input_tokens + delta.output_tokens, self.clock())
+                        self._count_tokens(deployment, delta)
                     elif isinstance(delta, Carry):
                         carry = delta.values
                         continue
@@ -236,13 +278,16 @@ class Router:
                     candidates += self._others(alias, sticky)  # walked next by this loop
                 continue
             finally:
-                if watch is not None:
-                    watch.close()
+                watch.close()
                 deployment.in_flight -= 1
             self._succeeded(deployment, start, first, pieces)
             yield Routed(deployment.name, carry) if carry else self._routed[deployment.name]
             return
         raise last_error or self._unavailable(alias)
+
+    def _count_tokens(self, deployment: Deployment, usage: Usage) -> None:
+        if deployment.tokens_per_minute is not None:  # only its limit reads the window
+            deployment.tokens.record(usage.input_tokens + usage.output_tokens, self.clock())
 
     def settle(self) -> None:
         """Once after a burst of clients (the trim): disarm the deadline timer if nothing is watched."""

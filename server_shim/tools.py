@@ -231,12 +231,15 @@ def restore_calls(
 ) -> AsyncGenerator[Delta, None]:
     """Backend deltas with each call mapped back to its Responses tool, and at most `max_calls` calls.
 
-    `deltas` itself when there is nothing to map back or to limit (plain functions, no
-    `max_tool_calls`): no generator layer between the backend and the turn for each delta.
+    `deltas` itself when there is nothing to map back or to limit (`restores_calls`): no generator
+    layer between the backend and the turn for each delta.
     """
-    if max_calls is None and all(o.namespace is None and not o.custom for o in tools.origins.values()):
-        return deltas
-    return _restored(deltas, tools, max_calls)
+    return _restored(deltas, tools, max_calls) if restores_calls(tools, max_calls) else deltas
+
+
+def restores_calls(tools: ChatTools, max_calls: int | None) -> bool:
+    """Whether `restore_calls` has anything to do: a namespaced or custom tool to map back, or `max_tool_calls`."""
+    return max_calls is not None or any(o.namespace is not None or o.custom for o in tools.origins.values())
 
 
 async def _restored(

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, cast
 
 from . import metrics
-from .backends.base import BackendRequest, Carry, Routed, TextDelta, ToolCallDelta, Usage
+from .backends.base import BackendRequest, Carry, Delta, Routed, TextDelta, ToolCallDelta, Usage
 from .checks import CheckRefused, PendingChecks, gated
 from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
@@ -24,7 +24,7 @@ from .requests import CreateRequest
 from .state import ConnectionCache
 from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
-from .tools import restore_calls
+from .tools import restore_calls, restores_calls
 from .turn_plan import TurnEnv, TurnPlan, TurnResult
 from .turn_prepare import plan_turn
 from .turn_settings import SettingsMemo
@@ -138,26 +138,27 @@ class Turn:
                 failure: BackendError | APIError | None = None
                 try:
                     self._sent = plan.backend_request(self.request, self.connection_id, stages)
-                    raw = self.env.backend.stream(self._sent)
-                    restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
-                    deltas = gated(restored, checks)
-                    try:
-                        async for delta in deltas:
-                            if isinstance(delta, (Carry, Routed)):
-                                plan.route(delta)
-                                continue
-                            if self._first_token is None:
-                                self._first_token = time.monotonic()
-                            if isinstance(delta, (TextDelta, ToolCallDelta)):
-                                self._produced += 1
-                            if ready := assembler.feed(delta):
-                                stages.mark_first_token()
-                                yield ready
-                            if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
-                                steered = True  # a safe output boundary: stop here, the successor takes the input
+                    ready = self._ready(plan, checks)
+                    if ready is not None:  # the whole reply at once, nothing between: walked, not awaited
+                        for delta in ready:
+                            if batch := self._took(delta, plan, assembler):
+                                yield batch
+                            if self._steered(assembler):
+                                steered = True
                                 break
-                    finally:
-                        await _close_layers(deltas, restored, raw)
+                    else:
+                        raw = self.env.backend.stream(self._sent)
+                        restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
+                        deltas = gated(restored, checks)
+                        try:
+                            async for delta in deltas:
+                                if batch := self._took(delta, plan, assembler):
+                                    yield batch
+                                if self._steered(assembler):
+                                    steered = True
+                                    break
+                        finally:
+                            await _close_layers(deltas, restored, raw)
                 except CheckRefused as refused:
                     failure = refused.error
                 except BackendError as exc:
@@ -192,6 +193,37 @@ class Turn:
                 self._abandoned(plan)
             checks.cancel()
             plan.counting.cancel()
+
+    def _ready(self, plan: TurnPlan, checks: PendingChecks) -> Sequence[Delta] | None:
+        """The backend's whole reply when it has it at once (`RepliesAtOnce`: the router over the unpaced
+        simulator) and nothing goes between it and the turn (no call to restore, no check to wait for);
+        None when the turn reads `stream` through those layers. A `ready` with layers to go through is
+        not asked: it would route and measure a reply the stream then routes again."""
+        if checks.blocking is not None or restores_calls(plan.tools, self.request.max_tool_calls):
+            return None  # a check to wait for (`gated`), or calls to restore (`restore_calls`)
+        ready = getattr(self.env.backend, "ready", None)
+        assert self._sent is not None
+        return None if ready is None else ready(self._sent)
+
+    def _took(self, delta: Delta, plan: TurnPlan, assembler: OutputAssembler) -> list[Sent] | None:
+        """One delta read, from a stream or a reply ready at once: the route kept, the first token and the
+        output counted; the events it makes ready, if any."""
+        if isinstance(delta, (Carry, Routed)):
+            plan.route(delta)
+            return None
+        if self._first_token is None:
+            self._first_token = time.monotonic()
+        if isinstance(delta, (TextDelta, ToolCallDelta)):
+            self._produced += 1
+        ready = assembler.feed(delta)
+        if ready:
+            self.result.stages.mark_first_token()
+        return ready
+
+    def _steered(self, assembler: OutputAssembler) -> bool:
+        """Steering is queued and the output is at a safe boundary: stop here, the successor takes the input."""
+        steering = self.steering
+        return steering is not None and len(steering.queued) > 0 and not assembler.in_tool_call
 
     def _start(self, plan: TurnPlan) -> list[Sent]:
         """Start the response: its id, and the Response object `in_progress` in `created` and `in_progress`."""
