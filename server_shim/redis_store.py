@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .eager import on_task
 from .errors import store_unavailable
 from .history import History
 from .redis_quota import ACCOUNT, FORGET, NO_QUOTA, TenantQuota
@@ -290,6 +291,7 @@ class RedisResponseStore:
         from redis.exceptions import ConnectionError
         from redis.exceptions import TimeoutError as RedisTimeout
 
+        await on_task()  # the timeout cancels the current task
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await command

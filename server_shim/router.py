@@ -35,6 +35,7 @@ from .backends.base import (
 from .config import RoutingConfig
 from .deadlines import Timer, Watch
 from .deployment_state import WILDCARD, Deployment
+from .eager import on_task
 from .errors import BackendError
 from .health import CLOSED
 from .trim import Count, Counts
@@ -217,6 +218,7 @@ class Router:
             for delta in ready:
                 yield delta
             return
+        await on_task()  # its watch cancels the current task, and a backend may need one
         alias = request.model
         sticky = self._sticky(alias, request.deployment)
         if sticky is not None:

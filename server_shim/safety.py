@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .eager import on_task
 from .errors import APIError, internal_error
 from .items import Item
 
@@ -35,6 +36,7 @@ async def call_hook(hook: Callable[..., Any], *args: Any) -> Any:
     try:
         result = hook(*args)
         if inspect.isawaitable(result):
+            await on_task()  # a plugin's coroutine may need a current task (a timeout, an HTTP client)
             result = await result
     except APIError:
         raise

@@ -17,6 +17,7 @@ from .backends.base import Backend, BackendRequest, Carry, Routed
 from .callids import with_calls
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
+from .eager import on_task
 from .errors import APIError, BackendError
 from .footprint import footprint_in_slices
 from .history import History
@@ -187,6 +188,7 @@ async def resolve_previous(
 async def served_models(backend: Backend) -> list[str]:
     """For an unknown model's error message only: a backend that cannot list its models leaves the list out."""
     try:
+        await on_task()  # the backend may ask its server (an HTTP client needs a current task)
         return await backend.models()
     except BackendError:
         return []

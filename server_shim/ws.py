@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from . import json_slices, metrics, tracing
+from . import eager, json_slices, metrics, tracing
 from .admission import QueueBound
 from .errors import APIError
 from .events import new_id
@@ -210,7 +210,7 @@ class ResponsesConnection:
         self._waiting_since = self._loop.time()  # the receive loop would take it and wait again from now
         self.shim.stats.bytes_received += size
         metrics.add(_BYTES_RECEIVED, size)
-        self._enqueue(stream_id, request, size)
+        self._enqueue(stream_id, request, size, eagerly=True)
         return True
 
     def _lane_limited(self, stream_id: str | None) -> bool:
@@ -218,8 +218,13 @@ class ResponsesConnection:
         new_named = stream_id is not None and stream_id not in self._lanes
         return new_named and sum(k is not None for k in self._lanes) >= self.settings.max_lanes
 
-    def _enqueue(self, stream_id: str | None, request: CreateRequest | APIError | str | bytes, size: int) -> None:
-        """`request` on its lane, the lane's worker started when it has none."""
+    def _enqueue(
+        self, stream_id: str | None, request: CreateRequest | APIError | str | bytes, size: int, eagerly: bool = False
+    ) -> None:
+        """`request` on its lane, the lane's worker started when it has none: `eagerly` (from the protocol's read,
+        outside any task), its first step run here (`eager`), often the whole turn, and a task only for the rest;
+        from the receive loop, in a task of its own (a step run in the receive loop's task would have its
+        `current_task()`)."""
         lane = self._lanes.get(stream_id)
         if lane is None:
             lane = self._lanes[stream_id] = _Lane()
@@ -230,7 +235,8 @@ class ResponsesConnection:
             self._room.clear()
         if lane.worker is None:
             worker = self._run_lane(stream_id, lane)
-            lane.worker = self._loop.create_task(worker if self._steps is None else self._steps(worker))
+            steps = worker if self._steps is None else self._steps(worker)
+            lane.worker = eager.start(self._loop, steps) if eagerly else self._loop.create_task(steps)
 
     def _waits(self, stream_id: str | None) -> bool:
         """Whether a request for this lane would wait (its lane busy, or every in-flight slot taken)."""
@@ -326,6 +332,7 @@ class ResponsesConnection:
                 if self._writable is not None and self._writable():  # the send will not wait: no timer needed
                     await self.websocket.send_text(data.decode())
                     return
+                await eager.on_task()  # the timeout cancels the current task
                 async with asyncio.timeout(self.settings.send_timeout_s):
                     await self.websocket.send_text(data.decode())
             except TimeoutError:

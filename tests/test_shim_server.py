@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import httpx2
 import pytest
@@ -88,13 +89,16 @@ async def test_the_events_of_a_turn_that_are_ready_together_leave_in_one_socket_
             assert len(writes) == 1, [len(w) for w in writes]
 
 
-async def test_a_turn_ready_in_one_step_is_written_by_its_lane_s_task_not_a_later_loop_callback(make_server):
-    """The lane runs as `FlushedSteps`: a turn whose events are all ready is written as the task's step ends, with
-    no loop iteration for the cork's callback (which would write with no task running)."""
+async def test_a_turn_ready_in_one_step_is_run_in_the_read_and_written_as_its_step_ends_not_by_a_loop_callback(
+    make_server,
+):
+    """The lane runs as `FlushedSteps`: a turn whose events are all ready is written as the lane's step ends, with
+    no loop iteration for the cork's callback. A request read whole (`frame_now`) has that step run inside the
+    protocol's read (`eager`): no task, no iteration for it either; one from the receive loop, in its task."""
     server = make_server(simulated_tokens_per_s=0)
     async with ws_connect(ws_url(server)) as ws:
         (protocol,) = [c for c in server.server.server_state.connections if isinstance(c, ShimWebSocketProtocol)]
-        writers: list[asyncio.Task | None] = []
+        writers: list[tuple[asyncio.Task | None, set[str]]] = []
         protocol.transport = _CountingTransport(protocol.transport, [], writers)
         create = {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 3}
         for _ in range(2):
@@ -104,11 +108,13 @@ async def test_a_turn_ready_in_one_step_is_written_by_its_lane_s_task_not_a_late
             while not types or types[-1] != "response.completed":
                 types.append(json.loads(await asyncio.wait_for(ws.recv(), 10))["type"])
             assert len(types) >= 9 and len(writers) == 1
-            assert writers[0] is not None, "written by the lane's task, in its step"
-            assert "_run_lane" in repr(writers[0])
-        await ws.send(json.dumps({**create, "model": ""}))  # refused at once: also written by the lane's task
+            task, callers = writers[0]
+            assert "FlushedSteps.send" in callers, "written as the lane's step ends"
+            assert task is None and "ShimWebSocketProtocol.data_received" in callers, "the step ran in the read"
+        await ws.send(json.dumps({**create, "model": ""}))  # refused by the receive loop: by the lane's task
         assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "error"
-        assert len(writers) == 2 and writers[1] is not None
+        task, callers = writers[1]
+        assert len(writers) == 2 and "FlushedSteps.send" in callers and "_run_lane" in repr(task)
 
 
 async def test_a_delta_that_is_alone_is_written_at_once_not_held_for_the_next(make_server):
@@ -163,10 +169,18 @@ def test_the_startup_heap_is_frozen_out_of_the_collectors_sight_with_the_long_li
         gc.set_threshold(*before)
 
 
+def _callers() -> set[str]:
+    frame, names = sys._getframe(1), set()
+    while frame is not None:
+        names.add(frame.f_code.co_qualname)
+        frame = frame.f_back
+    return names
+
+
 class _CountingTransport:
     """The protocol's own transport, with each `write` recorded on the way through."""
 
-    def __init__(self, inner, writes: list[bytes], writers: list[asyncio.Task | None] | None = None) -> None:
+    def __init__(self, inner, writes: list[bytes], writers: list[tuple[asyncio.Task | None, set[str]]] | None = None):
         self._inner = inner
         self._writes = writes
         self._writers = writers
@@ -174,8 +188,8 @@ class _CountingTransport:
 
     def write(self, data: bytes) -> None:
         self._writes.append(data)
-        if self._writers is not None:
-            self._writers.append(asyncio.current_task())
+        if self._writers is not None:  # the running task, and the functions the write was made from
+            self._writers.append((asyncio.current_task(), _callers()))
         self._inner.write(data)
 
     def pause_reading(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -168,20 +169,29 @@ async def test_a_whole_create_frame_is_queued_as_it_is_read_and_every_other_fram
         offered.append(original(self, text))
         return offered[-1]
 
+    async def offers(count: int) -> list[bool]:
+        """`offered` once `count` frames were offered: a turn read whole runs in the read (`eager`), so its events
+        can reach this thread before the spy's `append`."""
+        deadline = time.monotonic() + RECV_S
+        while len(offered) < count:
+            assert time.monotonic() < deadline, offered
+            await asyncio.sleep(0.001)
+        return offered
+
     monkeypatch.setattr(ResponsesConnection, "frame_now", spy)
     async with RawSocket(ws_url(server)) as ws:
         await ws.write(masked(create(input="one")))
         first = completed_id(await ws.events_until_done())
-        assert offered == [True]
+        assert await offers(1) == [True]
         await ws.write(masked(b'{"type": "response.create", "model": '))
         error = (await ws.events_until_done())[-1]
         assert error["type"] == "error" and error["error"]["code"] == "invalid_json"
-        assert offered == [True, False]
+        assert await offers(2) == [True, False]
         await ws.write(masked(create(input="a", previous_response_id=first)), masked(create(input="b")), pause=0.01)
         a, b = await ws.events_until_done(), await ws.events_until_done()
         assert a[-1]["response"]["previous_response_id"] == first and b[-1]["response"]["previous_response_id"] is None
-        assert offered[2] is True  # the second may find the first still running: queued on its lane behind it
+        assert (await offers(3))[2] is True  # the second may find the first still running: queued on its lane behind it
         await ws.write(masked(create(input="x")) + masked(create(input="y")))  # two in one read: the parser's
         completed_id(await ws.events_until_done())
         completed_id(await ws.events_until_done())
-        assert len(offered) == 4
+        assert len(await offers(4)) == 4
