@@ -183,13 +183,18 @@ def observe_turn(
     transport: str,
     deployment: str,
     status: str,
-    stages: Mapping[str, float],
-    usage: Mapping[str, int],
+    intervals: Iterable[tuple[str, float, float]],
+    tokens: tuple[int, int, int],
     ttft_s: float | None,
     duration_s: float,
     plugin_s: Mapping[str, float] | None = None,
 ) -> None:
     """One finished turn: counted once, its stages observed once, whatever path it took.
+
+    Takes what the turn already has: its stage clock's `(stage, start, end)` intervals (a stage marked
+    twice is observed once, the sum, as `StageClock.seconds` says) and its (input, cached, output) tokens,
+    so no dict is built per turn. The shim's overhead adds its own stages' seconds in the order marked, which
+    is `SHIM_STAGES` order (the pipeline's).
 
     Held, not applied: each value appended to its label's list and each count added to its key's,
     no child looked up; `flush_turns` applies what up to `FLUSH_TURNS` turns observed in one pass (a
@@ -201,16 +206,32 @@ def observe_turn(
     key = (transport, deployment, status)
     _turn_counts[key] = _turn_counts.get(key, 0) + 1
     held = _stage_values
-    for stage, seconds in stages.items():
-        held[stage].append(seconds)
-    _shim_values.append(sum(map(stages.get, SHIM_STAGES, _NO_SECONDS)))
+    seen: set[str] = set()
+    shim = 0.0
+    again = False
+    for stage, start, end in intervals:
+        seconds = end - start
+        if stage in seen:  # marked again: one observation per turn, the sum
+            held[stage][-1] += seconds
+            again = True
+        else:
+            seen.add(stage)
+            held[stage].append(seconds)
+        if stage in _SHIM:
+            shim += seconds
+    if again:  # each stage's sum first, then theirs, in `SHIM_STAGES` order (the same float as without repeats)
+        shim = sum(held[stage][-1] for stage in SHIM_STAGES if stage in seen)
+    _shim_values.append(shim)
     if ttft_s is not None:
         _ttft_values[deployment].append(ttft_s)
     _turn_values[deployment].append(duration_s)
-    for kind, count in usage.items():
-        if count:
-            tokens = (deployment, kind)
-            _token_counts[tokens] = _token_counts.get(tokens, 0) + count
+    counts = _token_counts.get(deployment)
+    if counts is None:
+        counts = _token_counts[deployment] = [0, 0, 0]
+    input_tokens, cached_tokens, output_tokens = tokens
+    counts[0] += input_tokens
+    counts[1] += cached_tokens
+    counts[2] += output_tokens
     if plugin_s:
         for kind, seconds in plugin_s.items():
             _plugin_values[kind].append(seconds)
@@ -224,10 +245,11 @@ FLUSH_TURNS = 100
 of the 300 turns `benchmarks.instructions` counts, so the flushes of the turns it counts are in its count."""
 SHARED_VALUES = client_values.ValueClass is not client_values.MutexValue
 """Values live in a multiprocess directory's files (prometheus-client decides when it is first imported)."""
-_NO_SECONDS = (0.0,) * len(SHIM_STAGES)
+_SHIM = frozenset(SHIM_STAGES)
 _held_turns = 0
 _turn_counts: dict[tuple[str, str, str], int] = {}
-_token_counts: dict[tuple[str, str], int] = {}
+_token_counts: dict[str, list[int]] = {}
+"""Tokens held per deployment, in `TOKEN_KINDS` order (each list made once, zeroed at each flush)."""
 _stage_values: defaultdict[str, list[float]] = defaultdict(list)
 _ttft_values: defaultdict[str, list[float]] = defaultdict(list)
 _turn_values: defaultdict[str, list[float]] = defaultdict(list)
@@ -271,9 +293,11 @@ def flush_turns() -> None:
     for (transport, deployment, status), count in _turn_counts.items():
         TURNS.labels(transport, deployment, status).inc(count)
     _turn_counts.clear()
-    for (deployment, kind), count in _token_counts.items():
-        TOKENS.labels(deployment, kind).inc(count)
-    _token_counts.clear()
+    for deployment, counts in _token_counts.items():
+        for index, kind in enumerate(TOKEN_KINDS):
+            if counts[index]:
+                TOKENS.labels(deployment, kind).inc(counts[index])
+                counts[index] = 0
     for labelled, held in (
         (STAGE_SECONDS, _stage_values),
         (TTFT_SECONDS, _ttft_values),

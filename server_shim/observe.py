@@ -7,6 +7,7 @@ format (`--log-format json`) gives one object per response; it never carries key
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import metrics, tracing
 from .turn import Turn
@@ -24,19 +25,14 @@ def turn_finished(turn: Turn) -> None:
         return
     stages = result.stages
     deployment = result.deployment or ANONYMOUS
-    usage = response.get("usage") or {}
-    tokens = {
-        "input": int(usage.get("input_tokens") or 0),
-        "cached": int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0),
-        "output": int(usage.get("output_tokens") or 0),
-    }
+    tokens = token_counts(response)
     duration = stages.elapsed()
+    ttft = stages.ttft_s
     metrics.observe_turn(
-        turn.transport, deployment, response["status"], stages.seconds, tokens, stages.ttft_s, duration, result.plugin_s
+        turn.transport, deployment, response["status"], stages.intervals, tokens, ttft, duration, result.plugin_s
     )
     if not (log.isEnabledFor(logging.INFO) or tracing.enabled()):
         return  # nobody reads the fields: not built
-    ttft = stages.ttft_s
     fields = {
         "tenant": turn.tenant or ANONYMOUS,
         "connection": turn.connection_id or ANONYMOUS,
@@ -45,12 +41,22 @@ def turn_finished(turn: Turn) -> None:
         "status": response["status"],
         "model": response.get("model"),
         "deployment": deployment,
-        "input_tokens": tokens["input"],
-        "cached_tokens": tokens["cached"],
-        "output_tokens": tokens["output"],
+        "input_tokens": tokens[0],
+        "cached_tokens": tokens[1],
+        "output_tokens": tokens[2],
         "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
         "duration_ms": round(duration * 1000, 2),
         "shim_ms": round(sum(stages.seconds.get(s, 0.0) for s in metrics.SHIM_STAGES) * 1000, 3),
     }
     log.info("response %s %s", response["id"], response["status"], extra={"fields": fields})
     tracing.record(turn, result.trace_carrier, {f"responses_ws.{key}": value for key, value in fields.items()})
+
+
+def token_counts(response: dict[str, Any]) -> tuple[int, int, int]:
+    """The response's (input, cached, output) tokens, 0 where its usage says nothing."""
+    usage = response.get("usage") or {}
+    return (
+        int(usage.get("input_tokens") or 0),
+        int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0),
+        int(usage.get("output_tokens") or 0),
+    )

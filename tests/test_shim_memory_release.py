@@ -229,9 +229,10 @@ def test_metric_updates_change_no_object_the_values_hold():
 
 def test_held_turn_observations_once_applied_leave_no_object_behind():
     def turn() -> None:
-        stages = {"resolve": 0.001, "stream": 0.02}
-        usage = {"input": 1_000, "cached": 300, "output": 400}
-        metrics.observe_turn("websocket", "arena-test", "completed", stages, usage, 0.01, 0.03, {"check": 0.0})
+        stages = [("resolve", 0.0, 0.001), ("stream", 0.001, 0.021)]
+        metrics.observe_turn(
+            "websocket", "arena-test", "completed", stages, (1_000, 300, 400), 0.01, 0.03, {"check": 0.0}
+        )
 
     turn()  # the children for these labels: made once, kept on purpose
     metrics.flush_turns()
@@ -253,7 +254,7 @@ def test_ids_are_made_when_asked_for_not_ahead():
 async def test_the_trim_after_a_burst_applies_the_held_observations_before_collecting():
     labels = {"transport": "websocket", "deployment": "trim-test", "status": "completed"}
     before = REGISTRY.get_sample_value("responses_ws_turns_total", labels) or 0.0
-    metrics.observe_turn("websocket", "trim-test", "completed", {"resolve": 0.001}, {}, None, 0.01)
+    metrics.observe_turn("websocket", "trim-test", "completed", [("resolve", 0.0, 0.001)], (0, 0, 0), None, 0.01)
     assert (REGISTRY.get_sample_value("responses_ws_turns_total", labels) or 0.0) == before  # held, not applied yet
     trimmer = Trimmer(delay_s=0.0)
     trimmer.maybe_trim()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import httpx2
 import openai
@@ -20,6 +21,8 @@ from server_shim.logs import JsonFormatter
 from server_shim.metrics import STAGES
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+Turn = tuple[Any, ...]
+"""`metrics.observe_turn`'s arguments for one turn."""
 
 
 def scrape(server) -> Samples:
@@ -257,3 +260,135 @@ def test_held_counter_and_gauge_updates_reach_the_metric_at_the_next_flush():
     assert registry.get_sample_value("held_test_gauge") == 9
     metrics.flush_turns()  # applied once
     assert registry.get_sample_value("held_test_total") == 15
+
+
+def test_a_fixed_sequence_of_turns_scrapes_as_observing_each_turn_one_by_one_would(monkeypatch):
+    """`observe_turn` holds a turn as the numbers it has (stage intervals, token counts) and `flush_turns` applies
+    them in batches; a scrape must show what observing each turn at once, from its seconds per stage, shows:
+    the same series, labels, counts, buckets and float sums, bit for bit. Covers a stage marked twice (one
+    observation, the sum), turns without a first token or plugin time, token kinds at zero, two deployments."""
+    from hypothesis import example, given, settings
+    from hypothesis import strategies as st
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from server_shim import metrics
+    from server_shim.metric_values import Labelled, in_place
+
+    def family(registry: CollectorRegistry) -> dict[str, Any]:
+        """The turn metrics as `metrics` declares them, in a registry of their own."""
+        return {
+            name: wrap(
+                kind(old.metric._name if isinstance(old, Labelled) else old._name, "x", **options, registry=registry)
+            )
+            for name, kind, wrap, old, options in (
+                ("TURNS", Counter, Labelled, metrics.TURNS, {"labelnames": ["transport", "deployment", "status"]}),
+                (
+                    "STAGE_SECONDS",
+                    Histogram,
+                    Labelled,
+                    metrics.STAGE_SECONDS,
+                    {"labelnames": ["stage"], "buckets": sorted({*metrics._FAST, *metrics._SLOW})},
+                ),
+                (
+                    "SHIM_OVERHEAD_SECONDS",
+                    Histogram,
+                    in_place,
+                    metrics.SHIM_OVERHEAD_SECONDS,
+                    {"buckets": metrics._FAST},
+                ),
+                (
+                    "TTFT_SECONDS",
+                    Histogram,
+                    Labelled,
+                    metrics.TTFT_SECONDS,
+                    {"labelnames": ["deployment"], "buckets": metrics._SLOW},
+                ),
+                (
+                    "TURN_SECONDS",
+                    Histogram,
+                    Labelled,
+                    metrics.TURN_SECONDS,
+                    {"labelnames": ["deployment"], "buckets": metrics._SLOW},
+                ),
+                ("TOKENS", Counter, Labelled, metrics.TOKENS, {"labelnames": ["deployment", "kind"]}),
+                (
+                    "PLUGIN_SECONDS",
+                    Histogram,
+                    Labelled,
+                    metrics.PLUGIN_SECONDS,
+                    {"labelnames": ["kind"], "buckets": metrics._FAST},
+                ),
+            )
+        }
+
+    def one_by_one(turns: list[Turn], into: dict[str, Any]) -> None:
+        """What each turn showed when it was observed at once from its seconds per stage (`StageClock.seconds`)."""
+        for transport, deployment, status, intervals, tokens, ttft_s, duration_s, plugin_s in turns:
+            seconds: dict[str, float] = {}
+            for stage, start, end in intervals:
+                seconds[stage] = seconds.get(stage, 0.0) + (end - start)
+            into["TURNS"].labels(transport, deployment, status).inc()
+            for stage, value in seconds.items():
+                into["STAGE_SECONDS"].labels(stage).observe(value)
+            into["SHIM_OVERHEAD_SECONDS"].observe(sum(seconds.get(stage, 0.0) for stage in metrics.SHIM_STAGES))
+            if ttft_s is not None:
+                into["TTFT_SECONDS"].labels(deployment).observe(ttft_s)
+            into["TURN_SECONDS"].labels(deployment).observe(duration_s)
+            for kind, count in zip(metrics.TOKEN_KINDS, tokens, strict=True):
+                if count:
+                    into["TOKENS"].labels(deployment, kind).inc(count)
+            for kind, value in (plugin_s or {}).items():
+                into["PLUGIN_SECONDS"].labels(kind).observe(value)
+
+    def samples(registry: CollectorRegistry) -> list[str]:
+        """Each sample line, sorted: a family lists its children in the order they were first used."""
+        return sorted(line for line in generate_latest(registry).decode().splitlines() if "_created" not in line)
+
+    seconds = (
+        st.floats(min_value=0, max_value=3, allow_nan=False)
+        | st.sampled_from(metrics._FAST)
+        | st.sampled_from([0.1, 0.2, 0.3, 0.7, 1e-9])  # sums that depend on the order of the additions
+    )
+    repeated = st.sampled_from([(), ("render",), ("finalize", "resolve")])  # stages marked again, after the rest
+
+    @st.composite
+    def turns(draw: st.DrawFn) -> Turn:
+        stages = [*metrics.STAGES, *draw(repeated)]
+        lengths = draw(st.lists(seconds, min_size=len(stages), max_size=len(stages)))
+        intervals, now = [], 100.0
+        for stage, length in zip(stages, lengths, strict=True):
+            intervals.append((stage, now, now + length))
+            now += length + draw(st.sampled_from([0.0, 0.5]))  # a restart's gap belongs to no stage
+        plugins = draw(st.sampled_from([None, {}, {"validator": 0.0001, "classifier": 0.002}]))
+        return (
+            draw(st.sampled_from(metrics.TRANSPORTS)),
+            draw(st.sampled_from(["fixed-a", "fixed-b"])),
+            draw(st.sampled_from(metrics.STATUSES)),
+            intervals,
+            tuple(draw(st.lists(st.integers(0, 5_000), min_size=3, max_size=3))),
+            draw(st.none() | seconds),
+            draw(seconds),
+            plugins,
+        )
+
+    marked_again = [
+        (stage, 0.0, length) for stage, length in zip(metrics.STAGES, (0.1,) * 4 + (1.0, 1.0, 0.1), strict=True)
+    ]
+    marked_again += [("finalize", 0.0, 0.2), ("resolve", 0.0, 0.1)]  # added in the order marked: 0.7999999999999999
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(turns(), min_size=1, max_size=2 * metrics.FLUSH_TURNS + 3))
+    @example([("websocket", "fixed-a", "completed", marked_again, (1, 0, 1), 0.5, 2.0, None)])
+    def check(sequence: list[Turn]) -> None:
+        metrics.flush_turns()  # what earlier tests held goes to the real metrics
+        held, reference = CollectorRegistry(), CollectorRegistry()
+        with pytest.MonkeyPatch.context() as patch:
+            for name, metric in family(held).items():
+                patch.setattr(metrics, name, metric)
+            for turn in sequence:
+                metrics.observe_turn(*turn)
+            metrics.flush_turns()
+        one_by_one(sequence, family(reference))
+        assert samples(held) == samples(reference)
+
+    check()
