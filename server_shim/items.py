@@ -41,29 +41,37 @@ def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set
     """Check each new item; return the call ids the new items introduce.
 
     `known_call_ids` are the function calls already in the conversation (read-only cached
-    state), so a `function_call_output` can be checked without walking the history.
+    state), so a `function_call_output` can be checked without walking the history. An item's
+    parameter name (`input[3]`) is written only for an error that names it.
     """
     introduced: set[str] = set()
     known = known_call_ids if isinstance(known_call_ids, Set) else set(known_call_ids)
     for index, item in enumerate(items):
-        param = f"input[{index}]"
         if not isinstance(item, dict):
+            param = _param(index)
             raise invalid("invalid_type", f"'{param}' must be an object.", param)
         kind = _kind(item)
         if kind == "message":
-            _validate_message(item, param)
+            _validate_message(item, index)
         elif kind in CALL_TYPES:
-            _require_str(item, ("call_id", "name", "arguments" if kind == "function_call" else "input"), param)
+            _require_str(item, ("call_id", "name", "arguments" if kind == "function_call" else "input"), index)
             introduced.add(item["call_id"])
         elif kind in OUTPUT_TYPES:
-            _validate_output(item, param, known, introduced)
+            _validate_output(item, index, known, introduced)
         elif kind == "item_reference":
-            _require_str(item, ("id",), param)
+            _require_str(item, ("id",), index)
         elif kind is None:
+            param = _param(index)
             raise invalid("missing_required_parameter", f"Missing required parameter: '{param}.type'.", param)
         elif kind not in ITEM_TYPES:
+            param = _param(index)
             raise invalid("invalid_value", f"Invalid value for '{param}.type': unsupported item type '{kind}'.", param)
     return introduced
+
+
+def _param(index: int, part: int | None = None) -> str:
+    """The parameter an error names: an item of `input`, or a part of its content."""
+    return f"input[{index}]" if part is None else f"input[{index}].content[{part}]"
 
 
 def _kind(item: Item) -> Any:
@@ -76,10 +84,11 @@ def _kind(item: Item) -> Any:
     return item.get("type")
 
 
-def _validate_output(item: Item, param: str, known: Iterable[str], introduced: set[str]) -> None:
-    _require_str(item, ("call_id",), param)
+def _validate_output(item: Item, index: int, known: Iterable[str], introduced: set[str]) -> None:
+    _require_str(item, ("call_id",), index)
     output = item.get("output")
     if not isinstance(output, (str, list)):
+        param = _param(index)
         raise invalid("invalid_type", f"'{param}.output' must be a string or an array.", f"{param}.output")
     call_id = item["call_id"]
     if call_id not in known and call_id not in introduced:
@@ -87,13 +96,14 @@ def _validate_output(item: Item, param: str, known: Iterable[str], introduced: s
         raise invalid(
             "tool_output_without_call",
             f"No tool call found for {kind} call output with call_id '{call_id}'.",
-            f"{param}.call_id",
+            f"{_param(index)}.call_id",
         )
 
 
-def _validate_message(item: Item, param: str) -> None:
+def _validate_message(item: Item, index: int) -> None:
     role = item.get("role")
     if role not in MESSAGE_ROLES:
+        param = _param(index)
         raise invalid(
             "invalid_value",
             f"Invalid value for '{param}.role': expected one of {sorted(MESSAGE_ROLES)}, got {role!r}.",
@@ -103,31 +113,32 @@ def _validate_message(item: Item, param: str) -> None:
     if isinstance(content, str):
         return
     if not isinstance(content, list):
+        param = _param(index)
         raise invalid("invalid_type", f"'{param}.content' must be a string or an array.", f"{param}.content")
     for part_index, part in enumerate(content):
-        part_param = f"{param}.content[{part_index}]"
         part_type = part.get("type") if isinstance(part, dict) else None
         if part_type not in PART_TYPES:
+            part_param = _param(index, part_index)
             raise invalid("invalid_value", f"Invalid content part at '{part_param}'.", f"{part_param}.type")
         if part_type in TEXT_PART_TYPES:
             key = "refusal" if part_type == "refusal" else "text"
             if not isinstance(part.get(key), str):
+                part_param = _param(index, part_index)
                 raise invalid("invalid_type", f"'{part_param}.{key}' must be a string.", f"{part_param}.{key}")
         for key in PART_STRINGS.get(part_type, ()):
             if part.get(key) is not None and not isinstance(part[key], str):
+                part_param = _param(index, part_index)
                 raise invalid("invalid_value", f"'{part_param}.{key}' must be a string.", f"{part_param}.{key}")
 
 
-def _require_str(item: Item, keys: tuple[str, ...], param: str) -> None:
+def _require_str(item: Item, keys: tuple[str, ...], index: int) -> None:
     for key in keys:
         if key not in item:
-            raise invalid(
-                "missing_required_parameter",
-                f"Missing required parameter: '{param}.{key}'.",
-                f"{param}.{key}",
-            )
+            param = f"{_param(index)}.{key}"
+            raise invalid("missing_required_parameter", f"Missing required parameter: '{param}'.", param)
         if not isinstance(item[key], str):
-            raise invalid("invalid_type", f"'{param}.{key}' must be a string.", f"{param}.{key}")
+            param = f"{_param(index)}.{key}"
+            raise invalid("invalid_type", f"'{param}' must be a string.", param)
 
 
 def resolve_references(items: list[Item], known: list[Item]) -> list[Item]:

@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from openai.types.responses import ToolParam
 
@@ -310,9 +310,9 @@ def custom_input(arguments: str) -> str:
     return arguments
 
 
-@dataclass(frozen=True, slots=True)
-class ToolPlan:
-    """A turn's tools, checked before inference: for chat backends, what they send, and for the others."""
+class ToolPlan(NamedTuple):
+    """A turn's tools, checked before inference: for chat backends, what they send, and for the others (a named
+    tuple: a frozen dataclass sets each field through `object.__setattr__`, thousands of instructions per turn)."""
 
     chat: ChatTools
     sent: list[dict[str, Any]] | None

@@ -105,19 +105,20 @@ async def plan_turn(
     sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
     derived = memo.derived(request) if memo is not None else Derived(request)
     tools_walked = walked_tools(request, previous)
-    plan = TurnPlan(
-        new_items=new_items,
-        tools=tools.chat,
-        chat_tools=tools.sent,
-        history=history,
-        sent_history=sent,
-        call_ids=with_calls(known_calls, introduced),
-        previous_items=len(base) if sent is history else 0,
-        deployment=previous.deployment if previous else None,
-        carry=previous.carry if previous and sent is history else {},
-        labels=labels | outcome.labels,
-        base_held=base.held,
-        derived=derived,
+    plan = TurnPlan(  # the fields without a default by position, in order: see `TurnPlan`
+        new_items,
+        tools.chat,  # tools
+        tools.sent,  # chat_tools
+        history,
+        sent,  # sent_history
+        with_calls(known_calls, introduced) if introduced else known_calls,  # call_ids
+        len(base) if sent is history else 0,  # previous_items
+        previous.deployment if previous else None,  # deployment
+        previous.carry if previous and sent is history else {},  # carry
+        labels | outcome.labels,  # labels
+        tools.backend,  # backend_tools
+        base.held,  # base_held
+        derived,
         echoed=derived.echo(request),
         held=(
             await request_held(tools_walked, derived)
@@ -130,7 +131,6 @@ async def plan_turn(
         later_checks=later,
         new_messages=new_messages,
         previous=previous,
-        backend_tools=tools.backend,
     )
     if previous is not None and cache is not None and previous.id not in cache:
         cache.put(previous)  # loaded from the store: cached only once the request is accepted

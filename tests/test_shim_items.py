@@ -106,6 +106,11 @@ def test_a_tool_output_may_answer_a_call_earlier_in_the_same_batch_but_not_a_lat
             "invalid_type",
             "input[0].content[0].refusal",
         ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": 5}]},
+            "invalid_value",
+            "input[0].content[0].image_url",
+        ),
         ({"type": "function_call", "name": "f", "arguments": "{}"}, "missing_required_parameter", "input[0].call_id"),
         ({"type": "function_call", "call_id": 1, "name": "f", "arguments": "{}"}, "invalid_type", "input[0].call_id"),
         ({"type": "function_call_output", "call_id": "c"}, "invalid_type", "input[0].output"),
@@ -124,6 +129,17 @@ def test_the_error_names_the_index_of_the_bad_item():
     good = {"type": "message", "role": "user", "content": "fine"}
     error = refusal([good, good, {"type": "message", "role": "user", "content": 3}])
     assert error.param == "input[2].content"
+
+
+def test_the_error_names_the_index_of_the_bad_part_of_a_later_item():
+    """The parameter is written only for the error (`items._param`): item and part indexes, in param and message."""
+    good = {"type": "message", "role": "user", "content": "fine"}
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text"}]
+    error = refusal([good, {"type": "message", "role": "user", "content": parts}])
+    assert (error.code, error.param) == ("invalid_type", "input[1].content[1].text")
+    assert "'input[1].content[1].text'" in error.message
+    output = {"type": "function_call_output", "call_id": "nope", "output": "x"}
+    assert refusal([good, good, good, output]).param == "input[3].call_id"
 
 
 def test_references_are_replaced_by_the_items_they_name():
