@@ -115,7 +115,10 @@ class ResponseSink:
         return self.named
 
     def listening(self) -> bool:
-        return any(listens is None or listens() for _, _, _, listens in self._current())
+        for _, _, _, listens in self._current():  # noqa: SIM110 - not any() over a generator: asked every turn
+            if listens is None or listens():
+                return True
+        return False
 
     def __call__(self, response: dict[str, Any], info: TurnInfo) -> Awaitable[None] | None:
         args = {"response": response, "transport": info.transport, "info": info}

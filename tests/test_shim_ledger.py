@@ -337,3 +337,19 @@ async def test_with_a_redis_store_usage_goes_to_the_redis_stream(make_server, re
         check=True,
     )
     assert report.stdout.splitlines()[1].startswith(f"bob,{MODEL},1,0,")
+
+
+def test_a_response_s_record_is_the_named_tuple_its_fields_say():
+    """`record_of` makes the tuple in C (`tuple.__new__`), past the named tuple's own `__new__` and its arity
+    check: the result must be the record `UsageRecord(...)` makes, field for field."""
+    from server_shim.postinference import record_of
+
+    usage = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 3}, "output_tokens": 2}
+    response = {"id": "resp_1", "created_at": 5.0, "model": "m", "status": "completed", "usage": usage}
+    made = record_of(response, "websocket", None, "conn_1", "d", 0.0123456, 0.5, True)
+    expected = UsageRecord(
+        "resp_1", 5.0, None, "m", "d", "completed", "websocket", "conn_1", 7, 3, 2, 12.346, 500.0, True
+    )
+    assert type(made) is UsageRecord and made == expected and made._asdict() == expected._asdict()
+    bare = record_of({"id": "resp_2"}, "http", "alice", None, None, None, 0.25, False)
+    assert bare == UsageRecord("resp_2", 0.0, "alice", "", None, "", "http", None, 0, 0, 0, None, 250.0, False)
