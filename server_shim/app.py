@@ -162,7 +162,7 @@ def create_app(
         classifiers=[*classifiers, *extensions.classifiers(manager, settings)],
         post_inference=PostInference([extensions.ResponseSink(manager)], build_ledger(settings)),
         limits=RequestLimits.from_settings(settings),
-        checks=lambda model: [*checks, *configured(model)],
+        checks=(lambda model: [*checks, *configured(model)]) if checks else configured,  # asked every turn
         overlap_checks=settings.checks_overlap,
         token_counter=counters.get,
         compaction_key=compaction_key(settings.compaction_secret),

@@ -18,9 +18,10 @@ import functools
 import operator
 import os
 import shutil
+import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -324,7 +325,7 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
         for value in values:
             histogram.observe(value)
         return
-    total.set(functools.reduce(operator.add, values, total.get()))  # in order, one by one: the same float sum
+    total.set(_add_in_order(values, total.get()))
     values.sort()
     below = 0
     for bound, bucket in zip(bounds, buckets, strict=True):
@@ -332,6 +333,13 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
         if upto > below:
             bucket.inc(upto - below)
             below = upto
+
+
+_add_in_order: Callable[[list[float], float], float] = (
+    sum if sys.version_info < (3, 12) else lambda values, start: functools.reduce(operator.add, values, start)
+)
+"""`start + values[0] + values[1] + ...`, one addition at a time: the float sum observing each value makes. Python
+3.11's `sum` adds floats so, in C (~30 instructions a value against ~220 for `reduce`); 3.12's compensates rounding."""
 
 
 @contextlib.contextmanager
