@@ -310,13 +310,18 @@ class ResponsesConnection:
 
     def sent_at_once(self, events: list[dict[str, Any] | bytes]) -> bool:
         """Send `events` now if the socket is writable and no send waits before them (nothing to await);
-        False when `send` must do it. A turn's events take this path without a coroutine each."""
+        False when `send` must do it. A turn's events take this path without a coroutine each, and most often
+        encoded already (`event_frames`): they then go as they are, without a list made for them."""
         if self._send_now is None or self._send_lock.locked() or not self._writable():
             return False
         if self.state is ConnectionState.CLOSED:
             raise WebSocketDisconnect(1006)
         try:
-            self._send_now([event if event.__class__ is bytes else encode_event(event) for event in events])
+            for event in events:
+                if event.__class__ is not bytes:
+                    events = [encode_event(event) for event in events]
+                    break
+            self._send_now(events)
         except OSError:
             self._gone()
         return True

@@ -116,13 +116,14 @@ class ShimWebSocketProtocol(WebSocketsSansIOProtocol):
         size = self._corked_bytes
         for data in frames:
             length = len(data)
-            if length < 126:
-                corked += (_SHORT_HEADERS[length], data)
-                size += 2 + length
+            if 125 < length < 65536:
+                corked.append(_pack_16(0x81, 126, length))
+                size += 4 + length
             else:
-                header = _pack_16(0x81, 126, length) if length < 65536 else text_frame_header(length)
-                corked += (header, data)
+                header = _SHORT_HEADERS[length] if length < 126 else text_frame_header(length)
+                corked.append(header)
                 size += len(header) + length
+            corked.append(data)
         self._corked_bytes = size
         if size >= CORK_MAX_BYTES:
             self.flush()
