@@ -144,12 +144,17 @@ class MessageFrames:
         self._where = b',"item_id":%b,"output_index":%d,"content_index":0' % (self._id, output_index)
         self._tail = tail
 
-    def opened(self, first: int) -> list[bytes]:
-        """`response.output_item.added` and `response.content_part.added`, numbered from `first`."""
-        return [
+    def opened(self, first: int, text: str, logprobs: Any) -> list[Any]:
+        """`response.output_item.added` and `response.content_part.added`, numbered from `first`, then the first
+        text's `response.output_text.delta` when it can be encoded (else the dict's encoding answers for it)."""
+        opened = [
             _MESSAGE_ADDED % (first, self._index, self._id, self._tail),
             _PART_ADDED % (first + 1, self._where, self._tail),
         ]
+        delta = self.delta(first + 2, text, logprobs)
+        if delta is not None:
+            opened.append(delta)
+        return opened
 
     def delta(self, number: int, text: str, logprobs: Any) -> bytes | None:
         """`response.output_text.delta`; None when the text cannot be encoded (the dict's encoding answers that)."""
@@ -158,7 +163,7 @@ class MessageFrames:
         except TypeError:  # orjson.JSONEncodeError: a lone surrogate, say
             return None
 
-    def closed(self, first: int, text: str, logprobs: Any, status: str) -> tuple[bytes, bytes, bytes, bytes] | None:
+    def closed(self, first: int, text: str, logprobs: Any, status: str) -> tuple[list[Any], bytes] | None:
         """`output_text.done`, `content_part.done`, `output_item.done` from `first`; and the item's own JSON,
         which the Response object's `output` repeats. None when the text cannot be encoded."""
         try:
@@ -167,12 +172,11 @@ class MessageFrames:
             return None
         part = _PART % (text_json, logprobs_json)
         item = _MESSAGE % (self._id, orjson.dumps(status), part)
-        return (
+        return [
             _TEXT_DONE % (first, self._where, text_json, logprobs_json, self._tail),
             _PART_DONE % (first + 1, self._where, part, self._tail),
             _ITEM_DONE % (first + 2, self._index, item, self._tail),
-            item,
-        )
+        ], item
 
 
 class ResponseFrames:

@@ -65,12 +65,6 @@ class EventSequence:
         self.tail = event_tail(stream_id)
         """How each of its events ends when encoded from a template (`event_frames`)."""
 
-    def take(self, count: int) -> int:
-        """Number `count` events encoded elsewhere (`event_frames`); the first one's number."""
-        first = self.next
-        self.next += count
-        return first
-
     def __call__(self, type_: str, **fields: Any) -> Event:
         event = {"type": type_, "sequence_number": self.next, **fields}
         if self.stream_id is not None:
@@ -132,41 +126,48 @@ class OutputAssembler:
         return events
 
     def _text(self, text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Sent]:
-        events: list[Sent] = []
-        if self._message is None:
-            if self._calls:
-                events.extend(self.close())
-            item_id = new_id("msg")
-            item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
-            self._message = _OpenItem(item, len(self.output))
-            self.output.append(item)
-            if self.encoded:
-                self._message.frames = MessageFrames(item_id, self._message.index, self.seq.tail)
-                events.extend(self._message.frames.opened(self.seq.take(2)))
-                return self._delta(events, text, logprobs)
-            events.append(
-                self.seq(
-                    "response.output_item.added",
-                    output_index=self._message.index,
-                    item=dict(item, content=[]),
-                )
+        message = self._message
+        if message is not None:
+            return self._delta(message, [], text, logprobs)
+        events: list[Sent] = self.close() if self._calls else []
+        item_id = new_id("msg")
+        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        message = self._message = _OpenItem(item, len(self.output))
+        self.output.append(item)
+        if self.encoded:
+            frames = message.frames = MessageFrames(item_id, message.index, self.seq.tail)
+            opened = frames.opened(self.seq.next, text, logprobs)
+            self.seq.next += len(opened)
+            events += opened
+            if len(opened) == 3:  # the text's delta among them: a 1-token reply's message opens in one call
+                message.text.append(text)
+                message.logprobs.extend(logprobs)
+                return events
+            return self._delta(message, events, text, logprobs)
+        events.append(
+            self.seq(
+                "response.output_item.added",
+                output_index=message.index,
+                item=dict(item, content=[]),
             )
-            events.append(
-                self.seq(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=self._message.index,
-                    content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                )
+        )
+        events.append(
+            self.seq(
+                "response.content_part.added",
+                item_id=item_id,
+                output_index=message.index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
             )
-        return self._delta(events, text, logprobs)
+        )
+        return self._delta(message, events, text, logprobs)
 
-    def _delta(self, events: list[Sent], text: str, logprobs: tuple[dict[str, Any], ...]) -> list[Sent]:
-        assert self._message is not None
-        self._message.text.append(text)
-        self._message.logprobs.extend(logprobs)
-        frames = self._message.frames
+    def _delta(
+        self, message: _OpenItem, events: list[Sent], text: str, logprobs: tuple[dict[str, Any], ...]
+    ) -> list[Sent]:
+        message.text.append(text)
+        message.logprobs.extend(logprobs)
+        frames = message.frames
         if frames is not None and (frame := frames.delta(self.seq.next, text, logprobs)) is not None:
             events.append(frame)
             self.seq.next += 1
@@ -174,8 +175,8 @@ class OutputAssembler:
         events.append(
             self.seq(
                 "response.output_text.delta",
-                item_id=self._message.item["id"],
-                output_index=self._message.index,
+                item_id=message.item["id"],
+                output_index=message.index,
                 content_index=0,
                 delta=text,
                 logprobs=list(logprobs),
@@ -213,12 +214,14 @@ class OutputAssembler:
             return []
         text = "".join(message.text)
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": message.logprobs}
-        message.item.update(status=status, content=[part])
-        closed = message.frames and message.frames.closed(self.seq.next, text, message.logprobs, status)
+        item = message.item
+        item["status"], item["content"] = status, [part]  # keys already there: their order stays
+        frames = message.frames
+        closed = frames and frames.closed(self.seq.next, text, message.logprobs, status)
         if closed:
             self.seq.next += 3
-            self.output_json.append(closed[3])
-            return list(closed[:3])
+            self.output_json.append(closed[1])
+            return closed[0]
         where = {"item_id": message.item["id"], "output_index": message.index, "content_index": 0}
         return [
             self.seq("response.output_text.done", **where, text=text, logprobs=message.logprobs),

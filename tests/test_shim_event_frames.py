@@ -13,6 +13,7 @@ import time
 from unittest import mock
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.wire import strict_ws_event
@@ -195,3 +196,40 @@ def test_a_request_whose_echo_cannot_be_encoded_starts_and_ends_as_dicts():
     final = response_object("resp_1", request, status="completed", created_at=1)
     assert frames.ended("response.completed", final, []) is None
     assert seq.next == 0
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [""],
+        ["", "a"],
+        ['"\\\n\t\x00\x1f/'],
+        ["h\u00e9llo \u4e16\u754c \U0001f600"],
+        ["x" * 100_000],
+        ["a", "b" * 5000, "\u00e9"],
+    ],
+)
+@pytest.mark.parametrize("stream_id", [None, "lane-1"])
+def test_a_messages_frames_for_edge_texts_are_what_its_dicts_encode_to(texts, stream_id):
+    """Empty, escaped, non-ASCII and long texts, the first delta's frame made with the message's opening ones."""
+    deltas = [TextDelta(text) for text in texts]
+    plain, by_dicts = _assemble(deltas, stream_id, encoded=False, status="completed")
+    templated, by_templates = _assemble(deltas, stream_id, encoded=True, status="completed")
+    assert templated == [orjson.dumps(event) for event in plain]
+    assert by_templates.output_json == [orjson.dumps(item) for item in by_dicts.output]
+    for event in templated:
+        strict_ws_event(orjson.loads(event))
+
+
+def test_a_first_delta_that_cannot_be_encoded_follows_the_messages_encoded_opening_as_a_dict():
+    sent, assembler = _assemble([TextDelta(SURROGATE), TextDelta("ok")], None, encoded=True, status="completed")
+    kinds = [event if isinstance(event, dict) else orjson.loads(event) for event in sent]
+    assert [event["type"] for event in kinds][:4] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+    ]
+    assert [isinstance(event, dict) for event in sent] == [False, False, True, False, True, True, True]
+    assert [event["sequence_number"] for event in kinds] == list(range(7))
+    assert assembler.output_json == []
