@@ -43,7 +43,10 @@ def expand_compactions(
     items: list[dict[str, Any]], key: bytes, tenant: str | None, limits: RequestLimits
 ) -> list[dict[str, Any]]:
     """Replace each compaction item this shim made by the items it stands for; others stay as they are."""
-    if not any(_ours(item) for item in items):
+    for item in items:  # a loop, not `any(...)`: no generator made for each turn (~2,000 instructions)
+        if _ours(item):
+            break
+    else:
         return items
     expanded: list[dict[str, Any]] = []
     for index, item in enumerate(items):

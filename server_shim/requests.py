@@ -174,14 +174,15 @@ def parse_create(
             "'background: true' is not supported over WebSocket; use HTTP for background responses.",
             "background",
         )
-    if request.model_extra and request.model_extra.get("conversation") is not None:
+    extra = request.__pydantic_extra__  # what `model_extra` returns, without a property call
+    if extra and extra.get("conversation") is not None:
         raise invalid(
             "unsupported_parameter",
             "'conversation' is not supported by this server; chain with 'previous_response_id'.",
             "conversation",
         )
-    if request.model_extra:
-        check_echoed_extras(request.model_extra)
+    if extra:
+        check_echoed_extras(extra)
     effort = request.reasoning.get("effort") if request.reasoning else None
     if effort is not None and effort not in REASONING_EFFORTS:
         raise invalid(

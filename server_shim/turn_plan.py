@@ -149,7 +149,7 @@ class TurnPlan:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnResult:
     """How the turn ended, for callers that need more than the events (metrics, the log line)."""
 
