@@ -1,7 +1,10 @@
-"""The sync client's loop thread, and a stream read on one thread while another closes it.
+"""The sync client's loop: who runs it (the calling thread, another caller, the keeper), and a stream
+read on one thread while another closes it.
 
 No server here: the stream is a plain async generator on the portal's loop, so the race between
-a reader waiting for its next chunk and a `close()` from another thread is driven directly.
+a reader waiting for its next chunk and a `close()` from another thread is driven directly. The
+keeper answering a server's pings while the client is idle is tested with the shim in
+`test_transport_wrap.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import httpx2
 import pytest
 
 from ws_transport import SessionClosed
-from ws_transport.portal import Portal, PortalStream
+from ws_transport.portal import KEEPER, Move, Ownership, Portal, PortalStream
 
 
 class Chunks:
@@ -123,7 +126,16 @@ def test_a_call_returns_raises_times_out_and_reports_cancellation_as_run_corouti
 
     with pytest.raises(TimeoutError):
         portal.call(slow(), timeout=0.05)
-    release.set()  # the timed-out coroutine ran on, as before
+    ended = threading.Event()
+
+    async def slow_then_note() -> None:
+        await slow()
+        ended.set()
+
+    with pytest.raises(TimeoutError):
+        portal.call(slow_then_note(), timeout=0.05)
+    release.set()
+    assert ended.wait(5)  # the timed-out coroutine ran on (the keeper runs the loop for it), as before
 
     async def cancelled() -> None:
         task = asyncio.current_task()
@@ -134,3 +146,101 @@ def test_a_call_returns_raises_times_out_and_reports_cancellation_as_run_corouti
     with pytest.raises(concurrent.futures.CancelledError):
         portal.call(cancelled())
     assert portal.call(asyncio.sleep(0, result=2)) == 2
+
+
+def where(portal: Portal) -> int:
+    """The thread the portal's loop runs a call on."""
+
+    async def ident() -> int:
+        return threading.get_ident()
+
+    return portal.call(ident())
+
+
+def test_a_call_runs_the_loop_on_the_calling_thread_and_the_keeper_waits() -> None:
+    portal = Portal("test-portal", idle_s=30)
+    try:
+        assert where(portal) == threading.get_ident()
+        other: list[int] = []
+        thread = threading.Thread(target=lambda: other.append(where(portal)))
+        thread.start()
+        thread.join(5)
+        assert other == [thread.ident]
+        assert portal._thread is not None and portal._thread.is_alive()  # started with the loop, idle
+    finally:
+        portal.stop()
+
+
+def test_calls_from_several_threads_run_side_by_side_on_one_loop(portal: Portal) -> None:
+    """Every call waits until all have started: calls run one after another would time out."""
+    n = 6
+    started = 0
+    everyone: asyncio.Event | None = None
+
+    async def meet() -> int:
+        nonlocal started, everyone
+        everyone = everyone or asyncio.Event()
+        started += 1
+        if started == n:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 5)
+        return threading.get_ident()
+
+    ran: list[int] = []
+    threads = [threading.Thread(target=lambda: ran.append(portal.call(meet()))) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(ran) == n
+    assert len(set(ran)) < n  # some calls were handed to the thread running the loop
+
+
+def test_a_thread_running_another_loop_hands_its_call_to_the_keeper(portal: Portal) -> None:
+    async def inside_another_loop() -> int:
+        return where(portal)  # a sync client called from async code (a notebook's cell)
+
+    assert asyncio.run(inside_another_loop()) == portal._thread.ident  # type: ignore[union-attr]
+
+
+def test_the_keeper_runs_the_loop_once_it_is_left_idle_and_gives_it_back() -> None:
+    portal = Portal("test-portal", idle_s=0.05)
+    try:
+        fired = concurrent.futures.Future[int]()
+
+        async def later() -> None:
+            asyncio.get_running_loop().call_later(0.2, lambda: fired.set_result(threading.get_ident()))
+
+        portal.call(later())
+        assert fired.result(5) == portal._thread.ident  # type: ignore[union-attr]
+        assert portal._own.driver == KEEPER
+        assert where(portal) == threading.get_ident()  # the keeper was asked to stop
+    finally:
+        portal.stop()
+    assert not portal.running
+
+
+def test_ownership_decides_who_runs_the_loop() -> None:
+    own = Ownership(idle_s=1.0)
+    assert own.take(1, can_drive=True) is Move.DRIVE
+    assert own.take(2, can_drive=True) is Move.HAND  # thread 1 runs it: handed over
+    assert own.release(10.0) is True  # the handed call goes on: the keeper must run the loop
+    assert own.keeper_wait(10.0) is None and own.driver == KEEPER
+    assert own.take(3, can_drive=True) is Move.HAND  # a handed call is unfinished: the keeper keeps it
+    own.finished()
+    own.finished()  # both handed calls ended
+    assert own.take(3, can_drive=True) is Move.ASK
+    assert own.take(4, can_drive=True) is Move.WAIT
+    assert own.release(11.0) is False
+    assert own.keeper_wait(11.5) == pytest.approx(0.5)  # idle only half a second
+    assert own.take(3, can_drive=True) is Move.DRIVE
+    assert own.keeper_wait(11.6) == 1.0  # a caller runs it: look again later
+    assert own.release(12.0, unfinished=True) is True  # its own call went on (a timeout)
+    own.finished()
+    assert own.keeper_wait(12.5) == pytest.approx(0.5)
+    assert own.keeper_wait(13.0) is None  # idle for idle_s: the keeper answers the pings now
+    own.release(13.1)
+    assert own.take(5, can_drive=False) is Move.HAND  # runs another loop: cannot run this one
+    own.stopped = True
+    with pytest.raises(SessionClosed):
+        own.take(6, can_drive=True)

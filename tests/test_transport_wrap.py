@@ -282,3 +282,26 @@ def test_a_wrapped_call_leaves_no_ticket_behind(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="hi", temperature=5)
     assert ws_transport.session_of(client).tickets == {}
+
+
+@pytest.mark.parametrize(("idle_s", "reconnects"), [(0.05, 0), (30.0, 1)], ids=["keeper", "nobody-reads"])
+def test_the_keeper_answers_the_servers_pings_while_the_sync_client_is_idle(
+    monkeypatch: pytest.MonkeyPatch, idle_s: float, reconnects: int
+) -> None:
+    """The shim pings every 0.1 s and drops a socket whose pong is 0.5 s late: the keeper runs the sync
+    client's loop once it was idle `IDLE_S`, so the socket (and its chain) outlives a 1.5 s tool call.
+    With nobody reading the socket between calls (`IDLE_S` 30 s), the next turn finds it closed."""
+    monkeypatch.setattr(ws_transport.portal, "IDLE_S", idle_s)
+    settings = Settings()
+    with BackgroundServer(create_app(settings), settings) as running:
+        running.server.config.ws_ping_interval = 0.1  # read by each connection's protocol as it is made
+        running.server.config.ws_ping_timeout = 0.5
+        with ws_transport.wrap(OpenAI(base_url=running.base_url, api_key="k", max_retries=0)) as client:
+            history: list[Any] = [user("one")]
+            history += client.responses.create(model=MODEL, input=history, store=False).output
+            time.sleep(1.5)
+            second = client.responses.create(model=MODEL, input=[*history, user("two")], store=False)
+            assert second.status == "completed"
+            stats = ws_transport.session_of(client).stats
+            assert stats.reconnects == reconnects
+            assert stats.resends == reconnects  # sent chained, then again in full on the new socket

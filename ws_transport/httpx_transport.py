@@ -6,7 +6,7 @@ serialized body to find the delta. The wrapped `responses.create` (see `wrap.py`
 turn before serialization and marks the request with a ticket header, so here it is only sent.
 
 The answer is an ordinary HTTP response built from the turn's events (see `replies.py`); for the
-sync client the session runs on a private loop (see `portal.py`). A turn the session cannot take
+sync client the session runs on a private loop, run by the calling thread (see `portal.py`). A turn the session cannot take
 (fallback, a frame over the server's limit, another URL) goes over the original transport.
 """
 
@@ -202,10 +202,10 @@ class AsyncWebSocketTransport(_Router[httpx2.AsyncBaseTransport], *_http.bases("
 
 
 class WebSocketTransport(_Router[httpx2.BaseTransport], *_http.bases("BaseTransport")):  # type: ignore[misc]
-    """For `OpenAI`: the session runs on a private loop thread (see `portal.py` for why).
+    """For `OpenAI`: the session runs on a private loop, run by the calling thread (see `portal.py` for why).
 
     `inner` (default: a new `HTTPTransport` of the client's httpx2 or httpx) carries every request that is not a turn;
-    `portal` is the loop thread (`wrap()` gives each of a client's transports the same one).
+    `portal` is that loop (`wrap()` gives each of a client's transports the same one).
     """
 
     def __init__(
@@ -248,7 +248,7 @@ def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Respons
 
 
 def _shutdown(portal: Portal, session: Session) -> None:
-    """Close the sockets on their loop, then stop the loop thread; runs once (close() or garbage collection)."""
+    """Close the sockets on their loop, then stop its keeper thread; runs once (close() or garbage collection)."""
     try:
         if portal.running:
             portal.call(session.aclose(), timeout=10)

@@ -1,16 +1,29 @@
-"""A private event loop on a daemon thread, where the sync client's session lives.
+"""The sync client's private event loop: run by the thread that calls, or by a keeper thread while none does.
 
 Why not `websockets.sync`: lanes, reconnects and resends are written once, for asyncio, and the
-sync client runs that same code here. The cost is one thread per wrapped sync client and a
-thread hop per streamed chunk; the thread is started on first use and joined by `stop()`.
+sync client runs that same code on a loop of its own. Who runs that loop (`Ownership`'s rules):
+- a thread that calls while nobody runs the loop runs it itself until its call is done: no
+  hand-over to another thread. The hand-over (the loop thread woken through its self-pipe, a task
+  started from a callback, a lock released for the caller, the extra loop turns) cost a wrapped
+  turn more than its own work on the loop (`python -m benchmarks.client_instructions`);
+- a thread that calls while another runs the loop hands its call over (`Handoff`): turns of
+  several threads run side by side, on one loop;
+- the keeper, a daemon thread started with the loop, runs it once nobody has for `idle_s` (it answers
+  the server's pings, reads its close), and when a driver's call ended before calls handed to it
+  (they go on). A call that finds the keeper running the loop asks it to stop and then runs it.
+Between calls, for less than `idle_s`, nobody reads the sockets: what arrives waits in the kernel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import enum
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterator
+import time
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _http
@@ -18,17 +31,88 @@ from .errors import SessionClosed
 
 T = TypeVar("T")
 
+IDLE_S = 1.0
+"""How long the loop is left unread between calls before the keeper runs it: far below the ~20 s
+within which servers expect a ping answered (uvicorn's and websockets' default `ping_timeout`)."""
+KEEPER = -1
+"""`Ownership.driver` while the keeper thread runs the loop."""
+get_ident = threading.get_ident
+running_loop = asyncio.events._get_running_loop
+
+
+class Move(enum.Enum):
+    """What a calling thread does with its call (`Ownership.take`)."""
+
+    DRIVE = "run the loop on this thread until the call is done"
+    HAND = "hand the call to the thread running the loop"
+    ASK = "ask the keeper to stop running the loop, then take again"
+    WAIT = "the keeper was asked already: wait until it stopped, then take again"
+
+
+@dataclass
+class Ownership:
+    """Who runs the portal's loop, decided without I/O (the clock passed in; the portal holds its lock)."""
+
+    idle_s: float = IDLE_S
+    driver: int | None = None
+    """The thread running the loop (its ident, or `KEEPER`); None while nobody does."""
+    handed: int = 0
+    """Calls on the loop whose callers do not run it: handed over, or left unfinished by their driver."""
+    released_at: float = 0.0
+    keeper_asked: bool = False
+    stopped: bool = False
+
+    def take(self, thread: int, *, can_drive: bool) -> Move:
+        """A call from `thread` (`can_drive`: it runs no other loop); `SessionClosed` once stopped."""
+        if self.stopped:
+            raise SessionClosed("the client was closed")
+        if self.driver is None and can_drive:
+            self.driver = thread
+            return Move.DRIVE
+        if self.driver == KEEPER and can_drive and not self.handed:
+            asked, self.keeper_asked = self.keeper_asked, True
+            return Move.WAIT if asked else Move.ASK
+        self.handed += 1
+        return Move.HAND
+
+    def release(self, now: float, *, unfinished: bool = False) -> bool:
+        """The driver stopped running the loop (`unfinished`: its own call goes on); True: the keeper must run it now."""
+        self.driver = None
+        self.released_at = now
+        self.keeper_asked = False
+        self.handed += unfinished
+        return self.handed > 0
+
+    def finished(self) -> None:
+        """A call counted in `handed` finished."""
+        self.handed -= 1
+
+    def keeper_wait(self, now: float) -> float | None:
+        """For the keeper: None when it runs the loop now (it is the driver then), else how long to sleep first."""
+        if self.driver is not None:
+            return self.idle_s
+        if self.handed or now - self.released_at >= self.idle_s:
+            self.driver = KEEPER
+            return None
+        return self.released_at + self.idle_s - now
+
 
 class Portal:
-    """Runs coroutines on its own loop thread and blocks the calling thread for their result."""
+    """Runs coroutines on its own loop, run by the calling thread or the keeper (see the module's docstring)."""
 
-    def __init__(self, name: str = "ws_transport") -> None:
+    def __init__(
+        self, name: str = "ws_transport", *, idle_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
+        self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        """The keeper."""
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        """Notified when the loop's driver changed, or must change."""
+        self._own = Ownership(IDLE_S if idle_s is None else idle_s)
         self._detached: set[asyncio.Task[Any]] = set()
-        self._stopped = False
 
     @property
     def running(self) -> bool:
@@ -36,108 +120,207 @@ class Portal:
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on)."""
-        return self.submit(coro).result(timeout)
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Handoff[T]:
-        """Start `coro` on the loop; its task is cancelled there by whoever holds it (a closing stream)."""
-        return Handoff(self._loop_for(coro), coro)
-
-    def _loop_for(self, coro: Coroutine[Any, Any, Any]) -> asyncio.AbstractEventLoop:
-        """The running loop `coro` may be handed to from this thread (else `coro` is closed and this raises)."""
+        me = get_ident()
+        if self._own.driver == me:
+            coro.close()
+            raise RuntimeError("waiting on the portal from the thread running its loop would deadlock")
         try:
-            loop = self._ensure()
-        except RuntimeError:
+            loop, move = self._take(me)
+        except BaseException:
             coro.close()
             raise
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("waiting on the portal from its own thread would deadlock")
+        if move is Move.DRIVE:
+            return self._drive(loop, coro, timeout)
+        return Handoff(self, loop, coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Pending[T]:
+        """`coro` to be run by `result()` (as `call` runs it), on the thread that asks for the result."""
+        return Pending(self, coro)
+
+    def _take(self, me: int) -> tuple[asyncio.AbstractEventLoop, Move]:
+        """The loop (made, with its keeper, on first use) and what this thread does with its call."""
+        can_drive = running_loop() is None
+        with self._lock:
+            move = self._own.take(me, can_drive=can_drive)
+            loop = self._loop or self._start()
+            while move is Move.ASK or move is Move.WAIT:
+                if move is Move.ASK:
+                    loop.call_soon_threadsafe(loop.stop)
+                self._changed.wait()
+                move = self._own.take(me, can_drive=can_drive)
+            if move is Move.HAND and self._own.driver is None:
+                self._changed.notify_all()  # nobody runs the loop and this thread cannot: the keeper must
+            return loop, move
+
+    def _drive(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """Run the loop on this thread until `coro` is done (or `timeout` passed: the coroutine runs on)."""
+        call = Call(self, loop, coro, driven=True)
+        late = None if timeout is None else loop.call_later(timeout, call.expire)
+        try:
+            loop.create_task(call.run())
+            while call.outcome is None and not call.expired:
+                loop.run_forever()  # stopped by the call's end (a stale stop asked of the keeper: run again)
+        finally:
+            if late is not None:
+                late.cancel()
+            unfinished = call.outcome is None
+            call.driven = not unfinished
+            with self._lock:
+                if self._own.release(self.clock(), unfinished=unfinished) or self._own.stopped:
+                    self._changed.notify_all()
+        return call.result()
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._own.finished()
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        """The loop and its keeper (under the lock)."""
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._keep, args=(loop,), name=self.name, daemon=True)
+        self._thread.start()
         return loop
 
-    def cleanup(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run a cleanup coroutine: waited for, except on the loop thread itself, where it is scheduled.
+    def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The keeper: runs the loop when `Ownership.keeper_wait` says so, until the portal stops."""
+        while True:
+            with self._lock:
+                while not self._own.stopped and (wait := self._own.keeper_wait(self.clock())) is not None:
+                    self._changed.wait(wait)
+                if self._own.stopped:
+                    self._changed.notify_all()
+                    return
+            try:
+                loop.run_forever()
+            finally:
+                with self._lock:
+                    self._own.release(self.clock())
+                    self._changed.notify_all()
 
-        Garbage collection can finalize an abandoned stream on any thread, the loop's included.
+    def cleanup(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a cleanup coroutine: waited for, except on the thread running the loop, where it is scheduled.
+
+        Garbage collection can finalize an abandoned stream on any thread, the loop's driver included.
         """
         loop = self._loop
-        if loop is None:
+        if loop is None or self._own.stopped:
             coro.close()
-        elif threading.current_thread() is self._thread:
+        elif self._own.driver == get_ident():
             task = loop.create_task(coro)
             self._detached.add(task)
             task.add_done_callback(self._detached.discard)
         else:
-            asyncio.run_coroutine_threadsafe(coro, loop).result()
+            with contextlib.suppress(SessionClosed):  # stopped meanwhile: the loop's sockets are closed
+                self.call(coro)
 
     def stop(self) -> None:
+        """Stop the keeper and close the loop (once whoever runs it is done with it)."""
         with self._lock:
-            self._stopped = True
-            loop, thread = self._loop, self._thread
+            loop, keeper = self._loop, self._thread
+            if self._own.stopped or loop is None or keeper is None:
+                self._own.stopped = True
+                return
+            self._own.stopped = True
+            self._changed.notify_all()
+            if self._own.driver == KEEPER:
+                loop.call_soon_threadsafe(loop.stop)
+        if keeper is threading.current_thread() or self._own.driver == get_ident():
+            return  # stopped from the loop's own thread (a finalizer): the loop is left to garbage collection
+        keeper.join()
+        with self._lock:
+            done = self._changed.wait_for(lambda: self._own.driver is None, timeout=10)
             self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-
-    def _ensure(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._stopped:
-                raise SessionClosed("the client was closed")
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
+        if done:
+            loop.close()
 
 
-class Handoff(Generic[T]):
-    """A coroutine run as a task on the portal's loop, its outcome waited for from another thread.
+class Call:
+    """One coroutine run as a task on the portal's loop, its outcome kept for the thread that asked.
 
-    One lock is the whole hand-over, released by the task itself as its coroutine ends:
-    `run_coroutine_threadsafe`'s future, condition and chained callbacks cost a direct turn as much
-    as the wire did, and a streamed turn as much once per event; a done callback would cost one more
-    turn of the loop before the waiting thread is let go.
+    `driven`: the asking thread runs the loop, which the task stops as it ends; else it is counted
+    in `Ownership.handed` until it ends.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
-        self._finished = threading.Lock()
-        self._finished.acquire()
-        self._outcome: tuple[bool, Any] | None = None
-        """(True, the result) or (False, the exception), set before the lock is released."""
-        self._task: asyncio.Task[None] | None = None
-        loop.call_soon_threadsafe(self._start, loop, coro)
+    def __init__(
+        self, portal: Portal, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], *, driven: bool
+    ) -> None:
+        self.portal = portal
+        self.loop = loop
+        self.coro = coro
+        self.driven = driven
+        self.expired = False
+        self.outcome: tuple[bool, Any] | None = None
+        """(True, the result) or (False, the exception), set as the coroutine ends."""
 
-    def _start(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> None:
-        self._task = loop.create_task(self._run(coro))
-
-    async def _run(self, coro: Coroutine[Any, Any, T]) -> None:
+    async def run(self) -> None:
         """`coro`'s outcome kept here; a cancellation (and `KeyboardInterrupt`, `SystemExit`) also ends the task
         as it would have ended it, an exception is the caller's only (the task does not log it as never retrieved)."""
         try:
-            self._outcome = (True, await coro)
+            self.outcome = (True, await self.coro)
         except Exception as exc:
-            self._outcome = (False, exc)
+            self.outcome = (False, exc)
         except BaseException as exc:
-            self._outcome = (False, exc)
+            self.outcome = (False, exc)
             raise
         finally:
-            self._finished.release()
+            self.ended()
 
-    def result(self, timeout: float | None = None) -> T:
+    def ended(self) -> None:
+        if self.driven:
+            self.loop.stop()
+        else:
+            self.portal._finished()
+
+    def expire(self) -> None:
+        self.expired = True
+        self.loop.stop()
+
+    def result(self) -> Any:
         """The coroutine's result or exception; `concurrent.futures.CancelledError` when its task was
-        cancelled (as `run_coroutine_threadsafe`'s future reports it); `TimeoutError` after `timeout`."""
-        if not self._finished.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError(f"the portal's call did not finish in {timeout} s")
-        self._finished.release()  # finished for good: a later call answers at once
-        assert self._outcome is not None
-        done, value = self._outcome
+        cancelled (as `run_coroutine_threadsafe`'s future reports it); `TimeoutError` when it has not ended."""
+        if self.outcome is None:
+            raise TimeoutError("the portal's call did not finish in time")
+        done, value = self.outcome
         if done:
-            return value  # type: ignore[no-any-return]
+            return value
         if isinstance(value, asyncio.CancelledError):
             raise concurrent.futures.CancelledError
         raise value
+
+
+class Handoff(Call):
+    """A call handed to the thread running the loop: one lock is the whole hand-over, released by the
+    task as it ends (`run_coroutine_threadsafe`'s future, condition and chained callbacks cost more)."""
+
+    def __init__(self, portal: Portal, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> None:
+        super().__init__(portal, loop, coro, driven=False)
+        self._finished = threading.Lock()
+        self._finished.acquire()
+        loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        self.loop.create_task(self.run())
+
+    def ended(self) -> None:
+        super().ended()
+        self._finished.release()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._finished.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"the portal's call did not finish in {timeout} s")
+        self._finished.release()  # finished for good: a later call answers at once
+        return super().result()
+
+
+class Pending(Generic[T]):
+    """A coroutine submitted to the portal, run when its result is asked for."""
+
+    def __init__(self, portal: Portal, coro: Coroutine[Any, Any, T]) -> None:
+        self.portal = portal
+        self.coro = coro
+
+    def result(self, timeout: float | None = None) -> T:
+        return self.portal.call(self.coro, timeout)
 
 
 class AsyncChunks(Protocol):
@@ -166,7 +349,8 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
         self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[bytes]:
-        """One chunk per hop to the loop; `close()` from another thread interrupts the wait."""
+        """One portal call per chunk (this thread runs the loop for it when none does); `close()` from another
+        thread interrupts the wait."""
         while True:
             with self._lock:
                 if self.closed:
