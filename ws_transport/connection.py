@@ -8,9 +8,11 @@ be used for is the `policy.Socket` record it carries; this module decides nothin
 A whole text message is routed from the socket's read itself (`websockets` hands each parsed frame to the
 connection's `process_event`, which the connection takes over): no queueing in `websockets`' assembler,
 no `recv()` and no wake-up of the reader task per message, which cost a wrapped turn about as much as
-the rest of its reading (`python -m benchmarks.client_instructions`). The reader task stays for
-whatever the assembler still gets: fragmented and binary messages (after the first, every later message
-goes that way too, so none overtakes another), a frame that is not JSON, and the socket's close.
+the rest of its reading (`python -m benchmarks.client_instructions`); and the whole final text frames a
+read starts with are split from its bytes before `websockets`' parser sees them (`text_frames.py`), which
+cost more again. The reader task stays for whatever the assembler still gets: fragmented and binary
+messages (after the first, every later message goes that way too, so none overtakes another), a frame
+that is not JSON, and the socket's close.
 
 A lane is a deque and at most one waiting future, not an `asyncio.Queue`, and a wait's timeout is a
 deadline on the lane checked by one timer per connection, not an `asyncio.timeout` per wait: with the
@@ -36,6 +38,7 @@ from websockets.frames import DATA_OPCODES, Frame, Opcode
 
 from .errors import ConnectionLost
 from .policy import Socket
+from .text_frames import at_a_boundary, next_text
 
 log = logging.getLogger("ws_transport")
 
@@ -129,6 +132,8 @@ class Connection:
             self._process_event = process_event
             self.taking = True
             self.socket.process_event = self._take_event  # type: ignore[method-assign,assignment]
+            self._data_received = self.socket.data_received
+            self.socket.data_received = self._take_data  # type: ignore[method-assign]
 
     def open_lane(self, *, terminal_only: bool = False) -> str | None:
         lane = None
@@ -224,25 +229,43 @@ class Connection:
                 self._timer = None
             listener.socket_closed(self)
 
+    def _take_data(self, data: bytes) -> None:
+        """The socket's `data_received`: the whole final text frames a read starts with are routed here and now
+        (see `text_frames.py`), the rest of the read goes to `websockets`' parser (and `_take_event`)."""
+        taken = 0
+        protocol = self.socket.protocol
+        if self.taking and at_a_boundary(protocol):
+            view, max_size = memoryview(data), protocol.max_size
+            while (frame := next_text(data, taken, max_size)) is not None and self._take_text(
+                view[frame[0] : frame[1]]
+            ):
+                taken = frame[1]
+        if taken < len(data):
+            self._data_received(data[taken:] if taken else data)
+
     def _take_event(self, event: Frame) -> None:
         """The socket's `process_event` (it gets only frames once the connection is open): a whole text message
-        is routed here and now, as `_take` routes it (inlined: most frames of a non-streaming turn end at
-        the first test); anything else goes on to `websockets` (and its recv, the reader's), and once a data
-        frame did, every later one does."""
+        is routed here and now; anything else goes on to `websockets` (and its recv, the reader's), and once
+        a data frame did, every later one does."""
         if self.taking:
             opcode = event.opcode
-            if opcode is TEXT and event.fin:
-                message = event.data
-                if not self.parsing_all and plain_unkept(message) is not None:
-                    return
-                try:
-                    self._route_json(message)
-                    return
-                except orjson.JSONDecodeError:
-                    pass  # to the reader, which closes the socket
+            if opcode is TEXT and event.fin and self._take_text(event.data):
+                return
             if opcode in DATA_OPCODES:
                 self.taking = False
         self._process_event(event)
+
+    def _take_text(self, message: bytes | bytearray | memoryview) -> bool:
+        """Route a whole text message as `_take` does; False for one that is not JSON: from then on every message
+        is left to `websockets` and the reader, which closes the socket."""
+        if not self.parsing_all and plain_unkept(message) is not None:
+            return True
+        try:
+            self._route_json(message)
+        except orjson.JSONDecodeError:
+            self.taking = False
+            return False
+        return True
 
     def _take(self, message: bytes | bytearray | memoryview) -> None:
         """Route one message to its lane (`orjson.JSONDecodeError` for one that is not JSON).
