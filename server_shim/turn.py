@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, cast
 
 from . import metrics
 from .backends.base import BackendRequest, Carry, Delta, Routed, TextDelta, ToolCallDelta, Usage
+from .batches import Emit, Send, pulled, unsent
 from .checks import CheckRefused, PendingChecks, gated
 from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
@@ -49,7 +50,7 @@ async def _close_layers(
 
 
 class Turn:
-    """Runs one `response.create`; iterate `events()` to drive it."""
+    """Runs one `response.create`: `run` pushes its events to a sender, `events()` gives them to a reader."""
 
     def __init__(
         self,
@@ -84,7 +85,7 @@ class Turn:
         """Steering queued on this response (WebSocket only); checked between deltas."""
         self._assembler: OutputAssembler | None = None
         self._created_at = 0.0
-        self._encoded = False  # the events go out as `frames()` gives them
+        self._encoded = False  # the events go out encoded (`run(encoded=True)`)
         self._frames: ResponseFrames | None = None
         self._counted: Counted | None = None
         self._produced = 0
@@ -111,17 +112,23 @@ class Turn:
         return self._plan.chat_tools
 
     def events(self) -> AsyncGenerator[list[Event], None]:
-        """The response's events as dicts, for the paths that read them (HTTP, chat), in batches (see `_events`)."""
-        return cast(AsyncGenerator[list[Event], None], self._events())
+        """The response's events as dicts, for the paths that read them (HTTP, chat), in batches (see `run`)."""
+        return cast(AsyncGenerator[list[Event], None], pulled(self.run))
 
-    def frames(self) -> AsyncGenerator[list[Sent], None]:
-        """The events as the WebSocket sends them: a message's and the Response object's encoded (`event_frames`)."""
-        self._encoded = True
-        return self._events()
+    async def run(
+        self, emit: Emit, send: Send, started: Callable[[str], object] | None = None, *, encoded: bool = False
+    ) -> None:
+        """Run the response, pushing its events in batches of those ready together to `emit`, which sends one at
+        once when it can, else to `send`, awaited; `started` gets the response's id before its first batch;
+        `encoded`: a message's and the Response object's as the WebSocket sends them (`event_frames`).
 
-    async def _events(self) -> AsyncGenerator[list[Sent], None]:
-        """The response's events in one generator, in batches of those ready together (the start, each delta's,
-        the close, the end): a layer per event is what a 1-token turn spends most on."""
+        The batches: the start, with a reply ready at once (`_generate`), each delta's when they stream, the
+        close, the end (after the close when the store is awaited). A layer per event, or a generator to pull
+        the batches through, is what a 1-token turn spends most on: the WebSocket is pushed to, the HTTP
+        paths pull (`batches.pulled`). Raises `APIError` before the response starts (nothing changed then), and
+        whatever `emit` and `send` raise.
+        """
+        self._encoded = encoded
         await self.prepare()
         plan = self._plan
         assert plan is not None
@@ -129,70 +136,123 @@ class Turn:
         counter = self.env.token_counter(self.request.model)
         plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
-            yield self._start(plan)
+            batch = self._start(plan)
+            if started is not None:
+                started(cast(str, self.response_id))
             assembler = self._assembler = OutputAssembler(self.seq, encoded=self._encoded)
             steered = False
             stages = self.result.stages
             stages.restart()
             if self.request.generate is not False:
-                failure: BackendError | APIError | None = None
-                try:
-                    self._sent = plan.backend_request(self.request, self.connection_id, stages)
-                    ready = self._ready(plan, checks)
-                    if ready is not None:  # the whole reply at once, nothing between: walked, not awaited
-                        for delta in ready:
-                            if batch := self._took(delta, plan, assembler):
-                                yield batch
-                            if self._steered(assembler):
-                                steered = True
-                                break
-                    else:
-                        raw = self.env.backend.stream(self._sent)
-                        restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
-                        deltas = gated(restored, checks)
-                        try:
-                            async for delta in deltas:
-                                if batch := self._took(delta, plan, assembler):
-                                    yield batch
-                                if self._steered(assembler):
-                                    steered = True
-                                    break
-                        finally:
-                            await _close_layers(deltas, restored, raw)
-                except CheckRefused as refused:
-                    failure = refused.error
-                except BackendError as exc:
-                    failure = exc
-                except Exception as exc:  # a malformed stream or a backend bug fails the turn; it must not hang it
-                    log.exception("backend %s raised unexpectedly", self.env.backend.name)
-                    failure = BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
+                failure, steered, batch = await self._generate(plan, checks, assembler, emit, send, batch)
                 stages.mark("stream" if stages.first_token is not None else "backend_ttft")
                 self._deployment = self.result.deployment = plan.deployment
                 if failure is not None:
-                    yield self._fail(failure, assembler)
+                    batch += self._fail(failure, assembler)
+                    if not emit(batch):
+                        await send(batch)
                     return
+            if batch and not emit(batch):
+                await send(batch)
             if checks.started_any:  # a coroutine awaited costs ~1,000 instructions, even one with nothing to do
                 try:
                     await checks.outcome(plan.checks)
                 except APIError as error:  # a check that does not hold the first token refused (or failed) late
-                    yield self._fail(error, assembler)
+                    if not emit(batch := self._fail(error, assembler)):
+                        await send(batch)
                     return
             counted = await plan.counting.result() if counter is not None else None
             reason = self._outcome(plan, checks, steered, counted)
-            closed = assembler.close("incomplete" if reason == "max_output_tokens" else "completed")
-            if not plan.echoed["store"]:  # nothing to wait for before the end (`request.stores`): one batch
-                closed.append(await self._complete(plan, reason))
-                yield closed
-                return
-            if closed:
-                yield closed  # before the end, which waits for the store
-            yield [await self._complete(plan, reason)]
+            batch = assembler.close("incomplete" if reason == "max_output_tokens" else "completed")
+            if plan.echoed["store"]:  # the end waits for the store (`request.stores`): what is ready goes first
+                if batch and not emit(batch):
+                    await send(batch)
+                batch = []
+            batch.append(await self._complete(plan, reason))
+            if not emit(batch):
+                await send(batch)
         finally:
             self.env.running.ended(self.response_id)
             if self.response_id is not None and self.result.response is None:
                 self._abandoned(plan)
             checks.cancel()
             plan.counting.cancel()
+
+    async def _generate(
+        self,
+        plan: TurnPlan,
+        checks: PendingChecks,
+        assembler: OutputAssembler,
+        emit: Emit,
+        send: Send,
+        held: list[Sent],
+    ) -> tuple[BackendError | APIError | None, bool, list[Sent]]:
+        """Inference: the backend's deltas through the assembler, after `held` (the start). Returns why it failed
+        (the backend, a check's refusal, a malformed stream: the turn reports it, it must not hang it), whether
+        steering stopped it at a safe output boundary (the successor takes the input), and the events not sent.
+
+        A reply ready at once is walked without waiting for anything: its events join `held`, sent by the caller
+        in one batch with the start (one write, not one per delta), unless `emit` is `unsent` (a reader that
+        stops at a delta, as the chat path at a stop sequence, must get each delta's events alone: the rest of
+        the reply is not fed to the response it stops). A streamed reply's deltas go out as they come.
+        Steering is looked for between streamed deltas only: nothing waits from `started` to the end of a
+        walk pushed to the WebSocket, so nothing can queue it then (and the paths that pull have none).
+        """
+        try:
+            self._sent = plan.backend_request(self.request, self.connection_id, self.result.stages)
+            ready = self._ready(plan, checks)
+            if ready is None:
+                raw = self.env.backend.stream(self._sent)
+                restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
+                deltas = gated(restored, checks)
+        except Exception as exc:
+            return self._failure(exc), False, held
+        if ready is not None:  # the whole reply at once, nothing between: walked, not awaited
+            for delta in ready:
+                try:
+                    batch = self._took(delta, plan, assembler)
+                except Exception as exc:
+                    return self._failure(exc), False, held
+                if batch:
+                    if emit is unsent:
+                        await send(held + batch)
+                        held = []
+                    else:
+                        held += batch
+            return None, False, held
+        if not emit(held):
+            await send(held)
+        failure: BackendError | APIError | None = None
+        steered = False
+        try:
+            while True:
+                try:
+                    batch = self._took(await anext(deltas), plan, assembler)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    failure = self._failure(exc)
+                    break
+                if batch and not emit(batch):
+                    await send(batch)
+                if self.steering is not None and self.steering.queued and not assembler.in_tool_call:
+                    steered = True  # a safe output boundary: stop here, the successor takes the input
+                    break
+        finally:
+            try:
+                await _close_layers(deltas, restored, raw)
+            except Exception as exc:
+                failure = failure or self._failure(exc)
+        return failure, steered, []
+
+    def _failure(self, exc: Exception) -> BackendError | APIError:
+        """What failed the backend's part of the turn, as the client is told (called where `exc` is handled)."""
+        if isinstance(exc, CheckRefused):
+            return exc.error
+        if isinstance(exc, BackendError):
+            return exc
+        log.exception("backend %s raised unexpectedly", self.env.backend.name)
+        return BackendError(f"backend failed: {type(exc).__name__}: {exc}", retryable=False)
 
     def _ready(self, plan: TurnPlan, checks: PendingChecks) -> Sequence[Delta] | None:
         """The backend's whole reply when it has it at once (`RepliesAtOnce`: the router over the unpaced
@@ -219,11 +279,6 @@ class Turn:
         if ready:
             self.result.stages.mark_first_token()
         return ready
-
-    def _steered(self, assembler: OutputAssembler) -> bool:
-        """Steering is queued and the output is at a safe boundary: stop here, the successor takes the input."""
-        steering = self.steering
-        return steering is not None and len(steering.queued) > 0 and not assembler.in_tool_call
 
     def _start(self, plan: TurnPlan) -> list[Sent]:
         """Start the response: its id, and the Response object `in_progress` in `created` and `in_progress`."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocketDisconnect
 
 from .errors import APIError, internal_error, previous_response_in_progress
+from .events import Sent
 from .items import normalize_input
 from .requests import CreateRequest
 from .steer import Steer, SteerSlot, steered_input
@@ -64,19 +65,17 @@ async def _stream_turn(
         tenant=conn.tenant,
         memo=conn.memo,
     )
-    slot: SteerSlot | None = None
     turn.result.trace_carrier = conn.trace_carrier
+
+    def started(response_id: str) -> None:
+        turn.steering = conn.steering.begin(response_id, stream_id)
+
+    async def send(batch: list[Sent]) -> None:
+        for event in batch:
+            await conn.send(event)
+
     try:
-        events = turn.frames()
-        try:  # `contextlib.aclosing`, without its two coroutines per turn
-            async for batch in events:
-                if slot is None and turn.response_id is not None:
-                    slot = turn.steering = conn.steering.begin(turn.response_id, stream_id)
-                if not conn.sent_at_once(batch):
-                    for event in batch:
-                        await conn.send(event)
-        finally:
-            await events.aclose()
+        await turn.run(conn.sent_at_once, send, started, encoded=True)
     except APIError as error:
         if not steers:
             await conn.send(with_lane(error.event(), stream_id))
@@ -89,7 +88,7 @@ async def _stream_turn(
         await conn.send(with_lane(internal_error().event(), stream_id))
     finally:
         conn.shim.record_turn(turn)
-    return turn, slot
+    return turn, turn.steering
 
 
 async def _after_steerable(

@@ -1,4 +1,5 @@
-"""A reply ready at once (walked as a list) against the same reply streamed: the same events and the same state.
+"""A reply ready at once (walked as a list) against the same reply streamed: the same events and the same state,
+whether the turn is pulled (`Turn.events`, the HTTP paths) or pushes its batches (`Turn.run`, the WebSocket).
 
 The unpaced simulator hands the router its whole reply (`ready`); the router hands it to the turn as a list,
 which the turn walks without an async generator. A simulator that streams the same deltas through its own
@@ -8,6 +9,7 @@ event by event (ids and times aside), in the cached state, and in the router's a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncGenerator
@@ -72,7 +74,26 @@ def _anonymous(events: list[Any], ids: dict[str, str]) -> str:
     return re.sub(r"\b([a-z]+)_[0-9a-f]{32}\b", lambda m: ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}"), text)
 
 
-async def _conversation(backend: SimulatedBackend) -> tuple[list[str], list[str], dict[str, Any]]:
+async def _pushed(turn: Turn) -> list[dict[str, Any]]:
+    """The turn driven as the WebSocket drives it (`Turn.run`, encoded): every other batch sent at once by
+    `emit`, the others by `send`, awaited; each frame decoded back to its event."""
+    sent: list[Any] = []
+
+    def emit(batch: list[Any]) -> bool:
+        if len(sent) % 2:
+            return False
+        sent.append(batch)
+        return True
+
+    async def send(batch: list[Any]) -> None:
+        await asyncio.sleep(0)
+        sent.append(batch)
+
+    await turn.run(emit, send, encoded=True)
+    return [json.loads(event) if isinstance(event, bytes) else event for batch in sent for event in batch]
+
+
+async def _conversation(backend: SimulatedBackend, pushed: bool) -> tuple[list[str], list[str], dict[str, Any]]:
     env, router = routed(backend)
     cache = ConnectionCache(100, 10**9)
     previous: str | None = None
@@ -80,7 +101,7 @@ async def _conversation(backend: SimulatedBackend) -> tuple[list[str], list[str]
     events, states = [], []
     for turn_request in CONVERSATION:
         turn = Turn(CreateRequest(model=MODEL, previous_response_id=previous, **turn_request), env, cache)
-        frames = [event async for batch in turn.events() for event in batch]
+        frames = await _pushed(turn) if pushed else [event async for batch in turn.events() for event in batch]
         events.append(_anonymous(frames, ids))
         assert turn.result.response is not None
         previous = turn.result.response["id"]
@@ -99,13 +120,18 @@ async def _conversation(backend: SimulatedBackend) -> tuple[list[str], list[str]
 
 
 async def test_a_reply_ready_at_once_gives_the_events_and_state_the_same_reply_streamed_gives():
-    ready, streamed = SimulatedBackend(model=MODEL), Streamed(model=MODEL)
+    """Ready at once or streamed, pulled (`events`, HTTP) or pushed (`run`, the WebSocket): all the same."""
     hi = BackendRequest(model=MODEL, history=History().extend([user("hi")]))
-    assert ready.ready(hi) is not None and streamed.ready(hi) is None
-    ready_events, ready_states, ready_accounting = await _conversation(ready)
-    streamed_events, streamed_states, streamed_accounting = await _conversation(streamed)
-    for n, (at_once, as_streamed) in enumerate(zip(ready_events, streamed_events, strict=True)):
-        assert at_once == as_streamed, f"turn {n}: {CONVERSATION[n]}"
-    assert ready_states == streamed_states
-    assert ready_accounting == streamed_accounting
-    assert ready_accounting["in_flight"] == 0 and ready_accounting["tokens"] > 0
+    assert SimulatedBackend(model=MODEL).ready(hi) is not None and Streamed(model=MODEL).ready(hi) is None
+    runs = {
+        (kind.__name__, pushed): await _conversation(kind(model=MODEL), pushed)
+        for kind in (SimulatedBackend, Streamed)
+        for pushed in (False, True)
+    }
+    events, states, accounting = runs["SimulatedBackend", False]
+    for name, (other_events, other_states, other_accounting) in list(runs.items())[1:]:
+        for n, (expected, got) in enumerate(zip(events, other_events, strict=True)):
+            assert got == expected, f"{name}, turn {n}: {CONVERSATION[n]}"
+        assert other_states == states, name
+        assert other_accounting == accounting, name
+    assert accounting["in_flight"] == 0 and accounting["tokens"] > 0
