@@ -185,11 +185,28 @@ async def one_turn(sizes: list[int], seed: int, odd: str) -> None:
             await conn.aclose()
 
 
-@pytest.mark.parametrize("cut", [1, 2, 3, 9])
-async def test_a_frame_cut_in_its_header_is_read_by_websockets_and_the_next_read_splits_again(cut: int) -> None:
+def sized_event(n: int, payload_bytes: int) -> bytes:
+    """Event `n` as a text frame whose payload is exactly `payload_bytes` long."""
+    head = json.dumps({"type": "response.output_text.delta", "stream_id": "t1", "n": n, "delta": ""}).encode()
+    payload = head[:-2] + b"x" * (payload_bytes - len(head)) + head[-2:]
+    return Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[])
+
+
+@pytest.mark.parametrize(
+    ("second", "cut"),
+    [("64-bit", 1), ("64-bit", 2), ("64-bit", 3), ("64-bit", 9), ("16-bit 0x81..", 2), ("16-bit 0x81..", 4)],
+)
+async def test_a_frame_cut_in_its_header_is_read_by_websockets_and_the_next_read_splits_again(
+    second: str, cut: int
+) -> None:
+    """A read that ends inside a frame's header, or right after it, leaves `websockets`' parser mid-frame: the
+    next read goes to the parser, even when it starts as a text frame would (a 16-bit length 0x81xx)."""
     frames = event_frames([200, 70000, 5])
+    if second != "64-bit":
+        frames[1] = sized_event(1, 0x8110)
+        assert frames[1][2] == 0x81
     data = b"".join(frames)
-    at = len(frames[0]) + cut  # inside the second frame's header or its extended length
+    at = len(frames[0]) + cut  # inside the second frame's header or right after it
 
     async def handler(socket: ServerConnection) -> None:
         await socket.recv()
