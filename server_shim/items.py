@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Set
 from typing import Any
 
 from openai.types.responses import ResponseInputItemParam
@@ -37,7 +37,7 @@ def normalize_input(raw: Any) -> list[Item]:
     return raw
 
 
-def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set[str]:
+def validate_items(items: list[Item], known_call_ids: Set[str] = frozenset()) -> set[str]:
     """Check each new item; return the call ids the new items introduce.
 
     `known_call_ids` are the function calls already in the conversation (read-only cached
@@ -45,7 +45,6 @@ def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set
     parameter name (`input[3]`) is written only for an error that names it.
     """
     introduced: set[str] = set()
-    known = known_call_ids if isinstance(known_call_ids, Set) else set(known_call_ids)
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             param = _param(index)
@@ -57,7 +56,7 @@ def validate_items(items: list[Item], known_call_ids: Iterable[str] = ()) -> set
             _require_str(item, ("call_id", "name", "arguments" if kind == "function_call" else "input"), index)
             introduced.add(item["call_id"])
         elif kind in OUTPUT_TYPES:
-            _validate_output(item, index, known, introduced)
+            _validate_output(item, index, known_call_ids, introduced)
         elif kind == "item_reference":
             _require_str(item, ("id",), index)
         elif kind is None:
@@ -84,7 +83,7 @@ def _kind(item: Item) -> Any:
     return item.get("type")
 
 
-def _validate_output(item: Item, index: int, known: Iterable[str], introduced: set[str]) -> None:
+def _validate_output(item: Item, index: int, known: Set[str], introduced: set[str]) -> None:
     _require_str(item, ("call_id",), index)
     output = item.get("output")
     if not isinstance(output, (str, list)):

@@ -159,7 +159,9 @@ def parse_create(
     sparing the walks. A body of the common shapes is validated by plain checks (`request_shapes`), anything
     else (and every refusal) by the model.
     """
-    check_metadata(body.get("metadata"))
+    metadata = body.get("metadata")
+    if metadata is not None:
+        check_metadata(metadata)
     check_body(body, limits, depth)
     request = plainly_valid(body, skip="type" if websocket else None)
     if request is None:

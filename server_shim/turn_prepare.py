@@ -104,7 +104,7 @@ async def plan_turn(
     sent = fit_history(history, env.context_window(request.model, sticky), request, tools.backend)
     derived = memo.derived(request) if memo is not None else Derived(request)
     tools_walked = walked_tools(request, previous)
-    plan = TurnPlan(  # the fields without a default by position, in order: see `TurnPlan`
+    plan = TurnPlan(  # every field by position, in order (see `TurnPlan`)
         new_items,
         tools.chat,  # tools
         tools.sent,  # chat_tools
@@ -118,18 +118,18 @@ async def plan_turn(
         tools.backend,  # backend_tools
         base.held,  # base_held
         derived,
-        echoed=derived.echo(request),
-        held=(
+        derived.echo(request),  # echoed
+        (  # held
             await request_held(tools_walked, derived)
             if tools_walked or derived.echo_held is None
             else RequestHeld(None, derived.echo_held)
         ),
-        checks=outcome,
-        prior_checks=prior_checks,
-        prior_output=prior_output,
-        later_checks=later,
-        new_messages=new_messages,
-        previous=previous,
+        outcome,  # checks
+        prior_checks,
+        prior_output,
+        later,  # later_checks
+        new_messages,
+        previous,
     )
     if previous is not None and cache is not None and previous.id not in cache:
         cache.put(previous)  # loaded from the store: cached only once the request is accepted

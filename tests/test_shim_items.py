@@ -12,7 +12,7 @@ from server_shim.items import normalize_input, resolve_references, validate_item
 INPUT_ITEM = TypeAdapter(ResponseInputItemParam)
 
 
-def refusal(items, known=()) -> APIError:
+def refusal(items, known=frozenset()) -> APIError:
     with pytest.raises(APIError) as raised:
         validate_items(items, known)
     return raised.value
