@@ -203,12 +203,29 @@ def record_of(
             usage.get("input_tokens") or 0,
             (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
             usage.get("output_tokens") or 0,
-            None if ttft_s is None else round(ttft_s * 1000, 3),
-            round(duration_s * 1000, 3),
+            None if ttft_s is None else to_microseconds(ttft_s * 1000),
+            to_microseconds(duration_s * 1000),
             tokens_estimated,
         )
     )
 
 
+def to_microseconds(value: float) -> float:
+    """`round(value, 3)`, the same float, at about a third of its cost where no tie is near.
+
+    `round` with digits writes the decimal digits out and parses them back (~2,500 instructions). Scaled
+    by 1,000 (the product is off by at most half an ulp, under 2**-14 below `_SCALED_UNDER`), a value
+    whose fraction is outside `_NEAR_TIE` (2**-12 either side of one half) rounds to the integer the exact product
+    rounds to, and that integer / 1,000, divided in integers, is the float nearest the rounded decimal:
+    what `round` returns. Values near a tie, zero or negative, huge, inf or NaN go to `round` itself.
+    """
+    scaled = value * 1000
+    if 0.0 < scaled < _SCALED_UNDER and not _NEAR_TIE[0] < scaled % 1.0 < _NEAR_TIE[1]:
+        return (scaled + 0.5) // 1.0 / 1000  # float operations only: no call, no int made
+    return round(value, 3)
+
+
+_SCALED_UNDER = 2.0**40
+_NEAR_TIE = (0.5 - 2.0**-12, 0.5 + 2.0**-12)
 _usage_record = functools.partial(tuple.__new__, UsageRecord)
 """`UsageRecord(*values)` in C: a named tuple's `__new__` is a Python function, called from C (~2,500 instructions)."""

@@ -353,3 +353,31 @@ def test_a_response_s_record_is_the_named_tuple_its_fields_say():
     assert type(made) is UsageRecord and made == expected and made._asdict() == expected._asdict()
     bare = record_of({"id": "resp_2"}, "http", "alice", None, None, None, 0.25, False)
     assert bare == UsageRecord("resp_2", 0.0, "alice", "", None, "", "http", None, 0, 0, 0, None, 250.0, False)
+
+
+def test_milliseconds_are_rounded_to_the_microsecond_as_round_rounds_them():
+    """The record's `ttft_ms` and `duration_ms` come from `to_microseconds`, `round(value, 3)` without the decimal
+    round trip where no tie is near: the same float for every value, ties and their neighbours included."""
+    import math
+    import struct
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from server_shim.postinference import to_microseconds
+
+    def bits(value: float) -> bytes:
+        return struct.pack("<d", value)  # tells -0.0 from 0.0, and NaN equals itself
+
+    ties = st.integers(0, 2 * 10**9).map(lambda n: n / 2000)  # k.xxx5 decimals, exact ties where representable
+    near = ties.flatmap(lambda t: st.sampled_from([t, math.nextafter(t, 0), math.nextafter(t, math.inf)]))
+    values = st.floats(allow_nan=True, allow_infinity=True) | st.floats(0, 1e7) | near
+
+    @settings(max_examples=2_000, deadline=None)
+    @given(values)
+    def check(value: float) -> None:
+        assert bits(to_microseconds(value)) == bits(round(value, 3)), value
+
+    check()
+    for value in (0.0, -0.0, 0.0625, 1.0005, 2.0**40 / 1000, 1e300, math.inf, -2.5):
+        assert bits(to_microseconds(value)) == bits(round(value, 3)), value
