@@ -29,9 +29,9 @@ class Numbering(Protocol):
 
 _RESPONSE_EVENT = b'{"type":"%b","sequence_number":%d,"response":%b%b'
 _RESPONSE_HEAD = b'{"id":%b,"object":"response","created_at":%d,"completed_at":%b,"status":%b,%b'
-_RESPONSE = _RESPONSE_HEAD + b'"error":%b,"incomplete_details":%b,"metadata":%b,"output":%b,"usage":%b}'
+_RESPONSE = _RESPONSE_HEAD + b'"error":%b,"incomplete_details":%b,"metadata":%b,"output":[%b],"usage":%b}'
 _RESPONSE_ECHOING_METADATA = (
-    _RESPONSE_HEAD + b'"metadata":%b%b,"error":%b,"incomplete_details":%b,"output":%b,"usage":%b}'
+    _RESPONSE_HEAD + b'"metadata":%b%b,"error":%b,"incomplete_details":%b,"output":[%b],"usage":%b}'
 )
 _STATUSES = {status: orjson.dumps(status) for status in ("completed", "incomplete", "failed", "cancelled")}
 """The terminal statuses' JSON (any other is encoded)."""
@@ -45,10 +45,15 @@ _PART_ADDED = (
 )
 _TEXT_DELTA = b'{"type":"response.output_text.delta","sequence_number":%d%b,"delta":%b,"logprobs":%b%b'
 _TEXT_DONE = b'{"type":"response.output_text.done","sequence_number":%d%b,"text":%b,"logprobs":%b%b'
-_PART_DONE = b'{"type":"response.content_part.done","sequence_number":%d%b,"part":%b%b'
+_PART_DONE = (
+    b'{"type":"response.content_part.done","sequence_number":%d%b,'
+    b'"part":{"type":"output_text","text":%b,"annotations":[],"logprobs":%b}%b'
+)
 _ITEM_DONE = b'{"type":"response.output_item.done","sequence_number":%d,"output_index":%d,"item":%b%b'
-_PART = b'{"type":"output_text","text":%b,"annotations":[],"logprobs":%b}'
-_MESSAGE = b'{"id":%b,"type":"message","status":%b,"role":"assistant","content":[%b]}'
+_MESSAGE = (
+    b'{"id":%b,"type":"message","status":%b,"role":"assistant",'
+    b'"content":[{"type":"output_text","text":%b,"annotations":[],"logprobs":%b}]}'
+)
 _NO_LOGPROBS = b"[]"
 
 
@@ -129,10 +134,6 @@ def event_tail(stream_id: str | None) -> bytes:
     return b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
 
 
-def _logprobs(logprobs: Any) -> bytes:
-    return orjson.dumps(logprobs) if logprobs else _NO_LOGPROBS
-
-
 class MessageFrames:
     """The events of one output message: its id and position encoded once, each text spliced into them."""
 
@@ -159,7 +160,8 @@ class MessageFrames:
     def delta(self, number: int, text: str, logprobs: Any) -> bytes | None:
         """`response.output_text.delta`; None when the text cannot be encoded (the dict's encoding answers that)."""
         try:
-            return _TEXT_DELTA % (number, self._where, orjson.dumps(text), _logprobs(logprobs), self._tail)
+            logprobs_json = orjson.dumps(logprobs) if logprobs else _NO_LOGPROBS
+            return _TEXT_DELTA % (number, self._where, orjson.dumps(text), logprobs_json, self._tail)
         except TypeError:  # orjson.JSONEncodeError: a lone surrogate, say
             return None
 
@@ -167,14 +169,14 @@ class MessageFrames:
         """`output_text.done`, `content_part.done`, `output_item.done` from `first`; and the item's own JSON,
         which the Response object's `output` repeats. None when the text cannot be encoded."""
         try:
-            text_json, logprobs_json = orjson.dumps(text), _logprobs(logprobs)
+            text_json = orjson.dumps(text)
+            logprobs_json = orjson.dumps(logprobs) if logprobs else _NO_LOGPROBS
         except TypeError:
             return None
-        part = _PART % (text_json, logprobs_json)
-        item = _MESSAGE % (self._id, orjson.dumps(status), part)
+        item = _MESSAGE % (self._id, _STATUSES.get(status) or orjson.dumps(status), text_json, logprobs_json)
         return [
             _TEXT_DONE % (first, self._where, text_json, logprobs_json, self._tail),
-            _PART_DONE % (first + 1, self._where, part, self._tail),
+            _PART_DONE % (first + 1, self._where, text_json, logprobs_json, self._tail),
             _ITEM_DONE % (first + 2, self._index, item, self._tail),
         ], item
 
@@ -208,7 +210,7 @@ class ResponseFrames:
         request's fields cannot be encoded (the dicts' encoding answers that)."""
         if self._echo is None:
             return None
-        response = self._body(b"null", b'"in_progress"', b"null", b"null", response_metadata(request, labels), b"[]")
+        response = self._body(b"null", b'"in_progress"', b"null", b"null", response_metadata(request, labels), b"")
         first = self._seq.next
         self._seq.next += 2
         return [
@@ -233,7 +235,7 @@ class ResponseFrames:
                 b"null" if error is None else orjson.dumps(error),
                 b"null" if incomplete is None else orjson.dumps(incomplete),
                 response["metadata"],
-                b"[%b]" % b",".join(items) if len(items) == len(output) else orjson.dumps(output),
+                b",".join(items) if len(items) == len(output) else orjson.dumps(output)[1:-1],
                 orjson.dumps(response["usage"]),
             )
         except TypeError:
@@ -251,7 +253,8 @@ class ResponseFrames:
         output: bytes,
         usage: bytes = b"null",
     ) -> bytes:
-        """The Response object's JSON, in one `%` (its head and rest in one template)."""
+        """The Response object's JSON, in one `%` (its head and rest in one template); `output`: its items' JSON,
+        comma-separated (the brackets are the template's)."""
         echo = self._echo
         assert echo is not None
         metadata_json = orjson.dumps(metadata) if metadata else b"{}"
