@@ -18,7 +18,8 @@ import httpx2
 import pytest
 
 from ws_transport import SessionClosed
-from ws_transport.portal import KEEPER, Move, Ownership, Portal, PortalStream
+from ws_transport.ownership import KEEPER, Move, Ownership
+from ws_transport.portal import Portal, PortalStream
 
 
 class Chunks:

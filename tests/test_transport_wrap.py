@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -305,3 +308,41 @@ def test_the_keeper_answers_the_servers_pings_while_the_sync_client_is_idle(
             stats = ws_transport.session_of(client).stats
             assert stats.reconnects == reconnects
             assert stats.resends == reconnects  # sent chained, then again in full on the new socket
+
+
+def waited_exit_code(pid: int, timeout_s: float = 20.0) -> int:
+    """The child's exit code; killed (and -9) when it has not exited within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -9
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_opens_its_own_socket_and_the_parent_keeps_its_chain(server: BackgroundServer) -> None:
+    """The inherited socket is the parent's: a child that used it would interleave its frames with the
+    parent's (before, its call waited forever for a loop thread that does not survive a fork)."""
+    with ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
+        history: list[Any] = [user("one")]
+        history += client.responses.create(model=MODEL, input=history, store=False).output
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # forking a process with threads
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                answer = client.responses.create(model=MODEL, input=[*history, user("child")], store=False)
+                stats = ws_transport.session_of(client).stats
+                code = 0 if (answer.status, stats.reconnects, stats.turns_chained) == ("completed", 1, 0) else 2
+            finally:
+                os._exit(code)
+        assert waited_exit_code(pid) == 0
+        answer = client.responses.create(model=MODEL, input=[*history, user("parent")], store=False)
+        assert answer.status == "completed"
+        stats = ws_transport.session_of(client).stats
+        assert (stats.turns_chained, stats.reconnects, stats.resends) == (1, 0, 0)

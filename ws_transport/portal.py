@@ -12,6 +12,7 @@ sync client runs that same code on a loop of its own. Who runs that loop (`Owner
   the server's pings, reads its close), and when a driver's call ended before calls handed to it
   (they go on). A call that finds the keeper running the loop asks it to stop and then runs it.
 Between calls, for less than `idle_s`, nobody reads the sockets: what arrives waits in the kernel.
+A forked child starts with a loop of its own, so its session opens sockets of its own (`_after_fork_in_child`).
 """
 
 from __future__ import annotations
@@ -19,82 +20,36 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
+import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _http
 from .errors import SessionClosed
+from .ownership import IDLE_S, KEEPER, Move, Ownership
 
 T = TypeVar("T")
 
-IDLE_S = 1.0
-"""How long the loop is left unread between calls before the keeper runs it: far below the ~20 s
-within which servers expect a ping answered (uvicorn's and websockets' default `ping_timeout`)."""
-KEEPER = -1
-"""`Ownership.driver` while the keeper thread runs the loop."""
 get_ident = threading.get_ident
 running_loop = asyncio.events._get_running_loop
+_portals: weakref.WeakSet[Portal] = weakref.WeakSet()
+_inherited: list[asyncio.AbstractEventLoop] = []
+"""The loops a forked child inherited, kept open and alive there for good: closing one, or collecting it (which
+closes it), would take the parent's sockets out of the epoll instance both processes share."""
 
 
-class Move(enum.Enum):
-    """What a calling thread does with its call (`Ownership.take`)."""
-
-    DRIVE = "run the loop on this thread until the call is done"
-    HAND = "hand the call to the thread running the loop"
-    ASK = "ask the keeper to stop running the loop, then take again"
-    WAIT = "the keeper was asked already: wait until it stopped, then take again"
+def _after_fork_in_child() -> None:
+    """A forked child starts its portals afresh: a loop of its own (so the session opens sockets of its own:
+    the inherited ones are the parent's), a lock nobody holds, no keeper (no thread survives a fork)."""
+    for portal in list(_portals):
+        portal._forked()
 
 
-@dataclass
-class Ownership:
-    """Who runs the portal's loop, decided without I/O (the clock passed in; the portal holds its lock)."""
-
-    idle_s: float = IDLE_S
-    driver: int | None = None
-    """The thread running the loop (its ident, or `KEEPER`); None while nobody does."""
-    handed: int = 0
-    """Calls on the loop whose callers do not run it: handed over, or left unfinished by their driver."""
-    released_at: float = 0.0
-    keeper_asked: bool = False
-    stopped: bool = False
-
-    def take(self, thread: int, *, can_drive: bool) -> Move:
-        """A call from `thread` (`can_drive`: it runs no other loop); `SessionClosed` once stopped."""
-        if self.stopped:
-            raise SessionClosed("the client was closed")
-        if self.driver is None and can_drive:
-            self.driver = thread
-            return Move.DRIVE
-        if self.driver == KEEPER and can_drive and not self.handed:
-            asked, self.keeper_asked = self.keeper_asked, True
-            return Move.WAIT if asked else Move.ASK
-        self.handed += 1
-        return Move.HAND
-
-    def release(self, now: float, *, unfinished: bool = False) -> bool:
-        """The driver stopped running the loop (`unfinished`: its own call goes on); True: the keeper must run it now."""
-        self.driver = None
-        self.released_at = now
-        self.keeper_asked = False
-        self.handed += unfinished
-        return self.handed > 0
-
-    def finished(self) -> None:
-        """A call counted in `handed` finished."""
-        self.handed -= 1
-
-    def keeper_wait(self, now: float) -> float | None:
-        """For the keeper: None when it runs the loop now (it is the driver then), else how long to sleep first."""
-        if self.driver is not None:
-            return self.idle_s
-        if self.handed or now - self.released_at >= self.idle_s:
-            self.driver = KEEPER
-            return None
-        return self.released_at + self.idle_s - now
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Portal:
@@ -113,6 +68,7 @@ class Portal:
         """Notified when the loop's driver changed, or must change."""
         self._own = Ownership(IDLE_S if idle_s is None else idle_s)
         self._detached: set[asyncio.Task[Any]] = set()
+        _portals.add(self)
 
     @property
     def running(self) -> bool:
@@ -196,6 +152,15 @@ class Portal:
                 with self._lock:
                     self._own.release(self.clock())
                     self._changed.notify_all()
+
+    def _forked(self) -> None:
+        if self._loop is not None:
+            _inherited.append(self._loop)
+        self._loop = self._thread = None
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._own = Ownership(self._own.idle_s, stopped=self._own.stopped)
+        self._detached = set()
 
     def cleanup(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a cleanup coroutine: waited for, except on the thread running the loop, where it is scheduled.
