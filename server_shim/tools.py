@@ -239,7 +239,12 @@ def restore_calls(
 
 def restores_calls(tools: ChatTools, max_calls: int | None) -> bool:
     """Whether `restore_calls` has anything to do: a namespaced or custom tool to map back, or `max_tool_calls`."""
-    return max_calls is not None or any(o.namespace is not None or o.custom for o in tools.origins.values())
+    if max_calls is not None:
+        return True
+    for origin in tools.origins.values():  # noqa: SIM110 - not any() over a generator: asked every turn
+        if origin.namespace is not None or origin.custom:
+            return True
+    return False
 
 
 async def _restored(

@@ -22,7 +22,7 @@ from .event_frames import ResponseFrames
 from .events import Event, EventSequence, OutputAssembler, Sent, new_id, not_stored, response_object
 from .history import History
 from .requests import CreateRequest
-from .state import ConnectionCache
+from .state import ConnectionCache, ResponseState
 from .steer import SteerSlot
 from .tokens import Counted, TokenCount, account
 from .tools import restore_calls, restores_calls
@@ -168,7 +168,10 @@ class Turn:
                 if batch and not emit(batch):
                     await send(batch)
                 batch = []
-            batch.append(await self._complete(plan, reason))
+            final, usage, state = self._final(plan, reason)
+            if self.request.stores:  # a coroutine only for the turns that have something to await
+                await self._store(state, final)
+            batch.append(self._ended(final, usage, reason))
             if not emit(batch):
                 await send(batch)
         finally:
@@ -315,12 +318,11 @@ class Turn:
             return "steered"
         return "max_output_tokens" if self._assembler.finish == "length" else None
 
-    async def _complete(self, plan: TurnPlan, reason: str | None) -> Sent:
-        """The final Response object, cached, stored and metered before the client gets its terminal event."""
+    def _final(self, plan: TurnPlan, reason: str | None) -> tuple[dict[str, Any], Usage | None, ResponseState]:
+        """The final Response object, its usage, and its state, cached (stored next, when the request stores)."""
         assembler = self._assembler
         assert assembler is not None and self.response_id is not None
-        stages = self.result.stages
-        stages.restart()
+        self.result.stages.restart()
         usage = account(assembler.usage, self._counted)
         final = response_object(
             self.response_id,
@@ -333,9 +335,17 @@ class Turn:
             labels=plan.labels,
             echoed=plan.echoed,
         )
-        await self._finalize(final, plan)
+        state = plan.state(final, self.request, self.tenant)
+        if self.cache is not None:
+            self.cache.put(state)
+        return final, usage, state
+
+    def _ended(self, final: dict[str, Any], usage: Usage | None, reason: str | None) -> Sent:
+        """The terminal event, once the response is cached and stored, and metered before the client has it."""
+        assembler = self._assembler
+        assert assembler is not None
         self.result.response = final
-        stages.mark("finalize")
+        self.result.stages.mark("finalize")
         self._post_inference(final, usage)  # before the client has it: usage is never lost
         kind = "response.incomplete" if reason else "response.completed"
         encoded = self._frames.ended(kind, final, assembler.output_json) if self._frames else None
@@ -415,16 +425,13 @@ class Turn:
         self._post_inference(failed, assembler.usage)
         return events
 
-    async def _finalize(self, response: dict, plan: TurnPlan) -> None:
-        state = plan.state(response, self.request, self.tenant)
-        if self.cache is not None:
-            self.cache.put(state)
-        if self.request.stores:
-            try:
-                await self.env.store.save(state)
-            except APIError as error:  # the store is away: this connection can still continue from its cache
-                metrics.STORE_OPERATIONS.labels("save", "error").inc()
-                log.warning("response %s completed but not stored: %s", state.id, error)
-                not_stored(response, error.code)
-            else:
-                metrics.STORE_OPERATIONS.labels("save", "ok").inc()
+    async def _store(self, state: ResponseState, response: dict[str, Any]) -> None:
+        """Save the response for other connections and replicas; one the store cannot take is marked so."""
+        try:
+            await self.env.store.save(state)
+        except APIError as error:  # the store is away: this connection can still continue from its cache
+            metrics.STORE_OPERATIONS.labels("save", "error").inc()
+            log.warning("response %s completed but not stored: %s", state.id, error)
+            not_stored(response, error.code)
+        else:
+            metrics.STORE_OPERATIONS.labels("save", "ok").inc()
