@@ -82,7 +82,7 @@ class Check(Protocol):
     def inspect(self, state: Any, items: list[Item]) -> tuple[Any, Finding] | Awaitable[tuple[Any, Finding]]: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class CheckOutcome:
     """The fold's result for one turn."""
 
@@ -150,7 +150,7 @@ async def _fold_one(check: Check, state: Any, outcome: CheckOutcome, prior_outpu
     outcome.items = rewritten[len(prior_output) :]
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingChecks:
     """Checks started beside inference: `passed()` waits for the blocking ones, `outcome()` for all."""
 
@@ -165,7 +165,7 @@ class PendingChecks:
         cls, checks: Sequence[Check], states: Mapping[str, Any], prior_output: list[Item], new_items: list[Item]
     ) -> PendingChecks:
         if not checks:
-            return cls(None, None)
+            return NOTHING_PENDING
         blocking = [check for check in checks if check.blocking]
         flagging = [check for check in checks if not check.blocking]
         return cls(_task(blocking, states, prior_output, new_items), _task(flagging, states, prior_output, new_items))
@@ -182,6 +182,8 @@ class PendingChecks:
 
     async def outcome(self, base: CheckOutcome) -> CheckOutcome:
         """`base` (the checks run before inference) merged with every check started here."""
+        if not self.started_any:
+            return base
         for task in (self.blocking, self.flagging):
             if task is not None:
                 base.merge(await task)
@@ -225,6 +227,10 @@ async def prepare_checks(
     before = await fold([c for c in now if c.mutates], states, prior_output, new_items)
     before.merge(await fold([c for c in now if not c.mutates], states, prior_output, before.items))
     return before, later
+
+
+NOTHING_PENDING = PendingChecks(None, None)
+"""What `PendingChecks.start` makes of no checks (most turns), shared: with no task, nothing in it changes."""
 
 
 def gated(source: AsyncGenerator[T, None], pending: PendingChecks) -> AsyncGenerator[T, None]:

@@ -49,7 +49,7 @@ def validate_items(items: list[Item], known_call_ids: Set[str] = frozenset()) ->
         if not isinstance(item, dict):
             param = _param(index)
             raise invalid("invalid_type", f"'{param}' must be an object.", param)
-        kind = _kind(item)
+        kind = item["type"] if "type" in item else _implied_kind(item)
         if kind == "message":
             _validate_message(item, index)
         elif kind in CALL_TYPES:
@@ -73,13 +73,13 @@ def _param(index: int, part: int | None = None) -> str:
     return f"input[{index}]" if part is None else f"input[{index}].content[{part}]"
 
 
-def _kind(item: Item) -> Any:
-    """An item's type; the SDK lets a message omit it (it has a role) and a reference too (it has only an id)."""
-    if "type" not in item:
-        if "role" in item:
-            item["type"] = "message"
-        elif set(item) == {"id"}:
-            item["type"] = "item_reference"
+def _implied_kind(item: Item) -> Any:
+    """The type of an item without one (set in it): the SDK lets a message omit it (it has a role) and a reference
+    too (it has only an id); None for any other."""
+    if "role" in item:
+        item["type"] = "message"
+    elif set(item) == {"id"}:
+        item["type"] = "item_reference"
     return item.get("type")
 
 

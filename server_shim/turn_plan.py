@@ -117,7 +117,7 @@ class TurnPlan:
             tools=shared_tools(request.tools or [], response, self.previous),
             chat_tools=self.tools,
             history=self.history.extend(output),
-            call_ids=with_calls(self.call_ids, (i["call_id"] for i in output if i["type"] in CALL_TYPES)),
+            call_ids=with_calls(self.call_ids, called) if (called := _calls_in(output)) else self.call_ids,
             deployment=self.deployment,
             carry=dict(self.carry),
             tenant=tenant,
@@ -213,6 +213,11 @@ class RequestHeld(NamedTuple):
     """The request's tools (None: not measured, e.g. the previous state's list is kept)."""
     echo: dict[int, int]
     """The other request containers the Response echoes, by `id`."""
+
+
+def _calls_in(output: list[Item]) -> list[str]:
+    """The call ids a response's output introduces (a list, not a generator: none, most turns)."""
+    return [item["call_id"] for item in output if item["type"] in CALL_TYPES]
 
 
 def walked_tools(request: CreateRequest, previous: ResponseState | None) -> list[dict[str, Any]] | None:

@@ -199,8 +199,8 @@ class ResponsesConnection:
             if read is None or read[0]["type"] != "response.create":
                 return False
             body, shape = read
-            stream_id = check_stream_id(body.get("stream_id"))
-            if self._lane_limited(stream_id):
+            stream_id = body.get("stream_id")
+            if stream_id is not None and self._lane_limited(check_stream_id(stream_id)):  # the default lane: never
                 return False
             request = (
                 text if self._waits(stream_id) else parse_create(body, websocket=True, limits=limits, depth=shape.depth)
