@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,18 @@ A record is written twice only by a retried batch or a replayed journal, both wi
 at the next start of a crashed server; a journal replayed more than two days after its crash
 could count the few records flushed in the instant before the crash twice."""
 
-_INSERT = f"INSERT OR IGNORE INTO usage VALUES ({', '.join('?' for _ in COLUMNS)})"
+_ROW = f"({', '.join('?' for _ in COLUMNS)})"
+_INSERT = f"INSERT OR IGNORE INTO usage VALUES {_ROW}"
 """Takes a row as a plain tuple in column order, `estimated` (the last column) as 0 or 1: what SQLite stores for the
 record itself, at about a quarter less of the writer's work per row. `sqlite3` reads a tuple subclass's values one
 by one through its `__getitem__` slot (~700 instructions each), and "adapts" a bool before binding it as the
 integer it stores (~3,300 instructions: a lookup that raises and clears an AttributeError)."""
+ROWS_PER_INSERT = 50
+_INSERT_ROWS = f"INSERT OR IGNORE INTO usage VALUES {', '.join([_ROW] * ROWS_PER_INSERT)}"
+"""A batch is written `ROWS_PER_INSERT` rows a statement (the rest row by row): SQLite runs and resets a statement
+once for them all, ~25% less of the writer's work per row than `executemany` of the one-row statement. Each row
+is still ignored on its own when its id is there (`OR IGNORE`); 50 rows bind 700 values, under SQLite's oldest
+default limit (999)."""
 
 _ADD_ONCE = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
@@ -67,8 +75,12 @@ class SqliteSink:
 
     def write(self, records: list[UsageRecord]) -> None:
         rows = [(*record[:-1], 1 if record.estimated else 0) for record in records]
+        whole = len(rows) - len(rows) % ROWS_PER_INSERT
         with self._lock, self._db:
-            self._cursor.executemany(_INSERT, rows)
+            for start in range(0, whole, ROWS_PER_INSERT):
+                self._cursor.execute(_INSERT_ROWS, list(chain.from_iterable(rows[start : start + ROWS_PER_INSERT])))
+            if whole < len(rows):
+                self._cursor.executemany(_INSERT, rows[whole:])
 
     def read(self, since: float | None = None, tenant: str | None = None) -> Iterator[UsageRecord]:
         query = f"SELECT {', '.join(COLUMNS)} FROM usage WHERE created_at >= ?"

@@ -80,6 +80,44 @@ def test_a_record_is_stored_as_sqlite_stores_the_record_itself(tmp_path, tenant,
     assert stored == reference and len(stored) == 2
 
 
+def test_a_batch_written_many_rows_a_statement_stores_what_row_by_row_inserts_store(tmp_path):
+    """Whole groups of `ROWS_PER_INSERT` rows go in one statement each, the rest row by row: the table ends as
+    inserting each record on its own leaves it, with the same SQLite types; an id already there, or twice in one
+    batch, keeps its first row."""
+    from server_shim.ledger_sinks import ROWS_PER_INSERT
+
+    def batch(first: int, count: int) -> list[UsageRecord]:
+        return [
+            record(
+                f"resp_{n % 40}",  # ids again within one statement, within the batch and from the batch before
+                tenant=None if n % 3 else "alice",
+                output_tokens=n,
+                estimated=n % 2 == 0,
+                ttft_ms=None if n % 5 == 0 else n / 7,
+                created_at=1_000.0 + n,
+            )
+            for n in range(first, first + count)
+        ]
+
+    batches = [batch(0, 2 * ROWS_PER_INSERT + 7), batch(90, ROWS_PER_INSERT), batch(500, 3)]
+    for path in (tmp_path / "usage.db", tmp_path / "reference.db"):
+        SqliteSink(path).close()  # the table, its key and its index
+    sink = SqliteSink(tmp_path / "usage.db")
+    for records in batches:
+        sink.write(records)
+    sink.close()
+    marks = ", ".join("?" for _ in UsageRecord._fields)
+    with sqlite3.connect(tmp_path / "reference.db") as db:
+        for one in (r for records in batches for r in records):
+            db.execute(f"INSERT OR IGNORE INTO usage VALUES ({marks})", (*one[:-1], int(one.estimated)))
+    typed = ", ".join(f"{name}, typeof({name})" for name in UsageRecord._fields)
+    stored, reference = (
+        sqlite3.connect(tmp_path / name).execute(f"SELECT {typed} FROM usage ORDER BY id").fetchall()
+        for name in ("usage.db", "reference.db")
+    )
+    assert stored == reference and len(stored) == 40
+
+
 def test_redis_stream_writes_are_idempotent_on_the_response_id(redis_server):
     sink = RedisStreamSink(redis_server.url)
     sink.write([record("resp_1"), record("resp_2")])
