@@ -121,12 +121,15 @@ class History:
         `extend(rendering, batch)` returns a new rendering (renderings are shared between
         histories) of the old one followed by one batch of items.
         """
-        covered, rendering, found = 0, empty, -1
-        for index, (k, n, r) in enumerate(self._renderings):  # a loop, not a generator: one renderer is usual
-            if k == key:
-                covered, rendering, found = n, r, index
+        cached = self._renderings
+        covered, rendering = 0, empty
+        found: tuple[str, int, Any] | None = None
+        for entry in cached:  # a loop, not a generator: one renderer is usual
+            if entry[0] == key:
+                _, covered, rendering = found = entry
                 break
-        if covered < self.batches:
+        batches = self.batches
+        if covered < batches:
             new: list[tuple[Item, ...]] = []
             node: History | None = self
             while node is not None and node.batches > covered:  # only the batches past the cached rendering
@@ -135,9 +138,9 @@ class History:
                 node = node.parent
             for batch in reversed(new):
                 rendering = extend(rendering, batch)
-            cached = self._renderings
-            others = cached if found < 0 else cached[:found] + cached[found + 1 :]
-            self._renderings = (*others, (key, self.batches, rendering))
+            if found is not None:  # most histories: this renderer's the one rendering cached
+                cached = () if len(cached) == 1 else tuple([entry for entry in cached if entry is not found])
+            self._renderings = (*cached, (key, batches, rendering))
         return rendering
 
     def _nodes(self) -> list[History]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from itertools import compress
-from operator import is_, itemgetter, not_
+from operator import is_not, itemgetter
 from typing import Any
 
 from .events import ECHO_DEFAULTS
@@ -41,20 +41,27 @@ ECHO_DEFAULT_SIZES = _sizes(ECHO_DEFAULTS.values())
 """The Response object's echoed defaults (`reasoning`, `text`, ...) are the same objects in every response and
 never change: their footprints are taken from here rather than walked every turn."""
 
-_DEFAULT_KEYS = tuple(key for key in ECHO_DEFAULTS if key not in NOT_HELD)
+_SCALAR_KEYS = ("id", "object", "status", "model", "previous_response_id", "created_at", "store", "completed_at")
+"""The scalar fields `response_object` writes beside the echo, and the echoed id of the previous response (a string
+in every chained turn, so sized as one rather than looked for among the defaults), in `_scalars_held`'s order."""
+_DEFAULT_KEYS = tuple(key for key in ECHO_DEFAULTS if key not in NOT_HELD and key not in _SCALAR_KEYS)
 _DEFAULT_VALUES = tuple(ECHO_DEFAULTS[key] for key in _DEFAULT_KEYS)
 _DEFAULT_HELD = tuple(footprint(value) for value in _DEFAULT_VALUES)
+_DEFAULT_KEY_SET = frozenset(_DEFAULT_KEYS)
+_ALL_DEFAULTS_HELD = sum(_DEFAULT_HELD)
 _defaults_of = itemgetter(*_DEFAULT_KEYS)
 
 
-_SCALAR_KEYS = ("id", "object", "status", "model", "created_at", "store", "completed_at")
-"""The scalar fields `response_object` writes beside the echo, in the order `_scalars_held` reads them."""
 _scalars_of = itemgetter(*_SCALAR_KEYS)
-_SCALAR_TYPES = ((str, str, str, str, int, bool, int), (str, str, str, str, int, bool, type(None)))
+_SCALAR_TYPES = tuple(
+    (str, str, str, str, previous, int, bool, completed)
+    for previous in (str, type(None))
+    for completed in (int, type(None))
+)
 _PARTS = ("error", "incomplete_details", "metadata")
 _parts_of = itemgetter(*_PARTS, "usage", *NOT_HELD)
 """With the fields not held: a response with every field `response_object` writes, and as many, has no other."""
-_STANDARD_FIELDS = len(ECHO_DEFAULTS) + len(_SCALAR_KEYS) + len(_PARTS) + 2  # and output, usage
+_STANDARD_FIELDS = len(ECHO_DEFAULTS | dict.fromkeys(_SCALAR_KEYS)) + len(_PARTS) + 2  # and output, usage
 _STR, _INT, _DICT = str.__sizeof__, int.__sizeof__, dict.__sizeof__
 _NONE = sys.getsizeof(None)
 _GC_HEAD = sys.getsizeof({}) - _DICT({})
@@ -77,27 +84,29 @@ def response_held(response: dict[str, Any], others: tuple[Any, ...], known: Mapp
         present = _defaults_of(response)
     except KeyError:  # not made by `response_object` (every one of those echoes every default field)
         return footprint(({k: v for k, v in response.items() if k not in NOT_HELD}, *others), known)
-    same = tuple(map(is_, present, _DEFAULT_VALUES))
-    held = _standard_held(response, present, same, others, known) if len(response) == _STANDARD_FIELDS else None
+    differs = tuple(map(is_not, present, _DEFAULT_VALUES))
+    defaults = _ALL_DEFAULTS_HELD - sum(compress(_DEFAULT_HELD, differs))  # the fields that echo a default
+    held = _standard_held(response, present, differs, others, known) if len(response) == _STANDARD_FIELDS else None
     if held is not None:
-        return held
-    rest = response.keys() - NOT_HELD - set(compress(_DEFAULT_KEYS, same))
+        return held + defaults
+    rest = response.keys() - NOT_HELD - (_DEFAULT_KEY_SET - set(compress(_DEFAULT_KEYS, differs)))
     values = tuple(map(response.__getitem__, rest))
     walked = footprint((values, *others), {**ECHO_DEFAULT_SIZES, **known} if known else ECHO_DEFAULT_SIZES)
     # the dict itself stands in for the tuple of its walked values the walk counted
-    return walked - sys.getsizeof(values) + sys.getsizeof(response) + sum(compress(_DEFAULT_HELD, same))
+    return walked - sys.getsizeof(values) + sys.getsizeof(response) + defaults
 
 
 def _standard_held(
     response: dict[str, Any],
     present: tuple[Any, ...],
-    same: tuple[bool, ...],
+    differs: tuple[bool, ...],
     others: tuple[Any, ...],
     known: Mapping[int, int] | None,
 ) -> int | None:
-    """What a `response_object` response holds, its fields sized by what they are rather than walked: the
-    scalars by their type's `__sizeof__`, `usage` by its fixed shape, leaves and empty containers as they
-    are; what is left (a request's echoed value, a non-empty `metadata`, `carry`...) walked together.
+    """What a `response_object` response holds beside the fields echoing a default (the caller adds those), its
+    fields sized by what they are rather than walked: the scalars by their type's `__sizeof__`, `usage` by its
+    fixed shape, leaves and empty containers as they are; what is left (a request's echoed value, a non-empty
+    `metadata`, `carry`...) walked together.
     None: a field is missing or not of the type `response_object` writes.
 
     The full walk's figure, unless a container sized apart (`usage`, an empty one) is also held by another
@@ -117,9 +126,8 @@ def _standard_held(
         + _GC_HEAD
         + _HOLDER
         + len(others) * tuple.__itemsize__  # the tuple the definition walks from, as `footprint` counts it
-        + sum(compress(_DEFAULT_HELD, same))
         + _scalars_held(*scalars)
-        + _apart((error, incomplete, metadata, *others, *compress(present, map(not_, same))), walk)
+        + _apart((error, incomplete, metadata, *others, *compress(present, differs)), walk)
     )
     usage_held = _usage_held(usage)
     if usage_held is None:
@@ -132,10 +140,13 @@ def _standard_held(
     return total
 
 
-def _scalars_held(id_: str, object_: str, status: str, model: str, created_at: int, store: bool, completed: Any) -> int:
-    """The scalar fields, each of the exact type `_SCALAR_TYPES` checked (`completed_at` an int or None)."""
+def _scalars_held(
+    id_: str, object_: str, status: str, model: str, previous: Any, created_at: int, store: bool, completed: Any
+) -> int:
+    """The scalar fields, each of the exact type `_SCALAR_TYPES` checked (`previous_response_id` a str or None,
+    `completed_at` an int or None)."""
     held = _STR(id_) + _STR(object_) + _STR(status) + _STR(model) + _INT(created_at) + _INT(store)
-    return held + (_NONE if completed is None else _INT(completed))
+    return held + (_NONE if previous is None else _STR(previous)) + (_NONE if completed is None else _INT(completed))
 
 
 def _apart(values: tuple[Any, ...], walk: list[Any]) -> int:
