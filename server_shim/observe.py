@@ -7,7 +7,6 @@ format (`--log-format json`) gives one object per response; it never carries key
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from . import metrics, tracing
 from .turn import Turn
@@ -25,7 +24,12 @@ def turn_finished(turn: Turn) -> None:
         return
     stages = result.stages
     deployment = result.deployment or ANONYMOUS
-    tokens = token_counts(response)
+    usage = response.get("usage") or {}
+    tokens = (  # input, cached, output
+        int(usage.get("input_tokens") or 0),
+        int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0),
+        int(usage.get("output_tokens") or 0),
+    )
     duration = stages.elapsed()
     ttft = stages.ttft_s
     metrics.observe_turn(
@@ -50,13 +54,3 @@ def turn_finished(turn: Turn) -> None:
     }
     log.info("response %s %s", response["id"], response["status"], extra={"fields": fields})
     tracing.record(turn, result.trace_carrier, {f"responses_ws.{key}": value for key, value in fields.items()})
-
-
-def token_counts(response: dict[str, Any]) -> tuple[int, int, int]:
-    """The response's (input, cached, output) tokens, 0 where its usage says nothing."""
-    usage = response.get("usage") or {}
-    return (
-        int(usage.get("input_tokens") or 0),
-        int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0),
-        int(usage.get("output_tokens") or 0),
-    )

@@ -3,6 +3,7 @@ DEBUG is on for that logger: see `listening`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -26,8 +27,6 @@ def responses_ws_response_finished(response: dict[str, Any], transport: str) -> 
     )
 
 
-def _debug_on() -> bool:
-    return log.isEnabledFor(logging.DEBUG)
-
-
-responses_ws_response_finished.listening = _debug_on  # type: ignore[attr-defined]
+responses_ws_response_finished.listening = functools.partial(  # type: ignore[attr-defined]
+    log.isEnabledFor, logging.DEBUG
+)  # asked every turn: the logger's own method, no function of ours around it
