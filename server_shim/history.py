@@ -37,7 +37,7 @@ class History:
         self.parent = parent
         self.own = own
         """This node's batch."""
-        nbytes = sum(map(len, map(orjson.dumps, own))) + len(own)
+        nbytes = len(orjson.dumps(own)) - 1 if own else 0  # each item's JSON and one byte: the array less a bracket
         if own_held is None:  # after the encoding: it leaves a UTF-8 copy in each non-ASCII string, held from then on
             own_held = batch_footprint(own) if own else 0
         if parent is None:

@@ -23,6 +23,7 @@ _GC_HEAD = sys.getsizeof([]) - [].__sizeof__()
 _STR, _DICT, _LIST, _TUPLE = str.__sizeof__, dict.__sizeof__, list.__sizeof__, tuple.__sizeof__
 _all_str = frozenset((str,)).issuperset
 _MESSAGE_KEYS = frozenset(("id", "type", "status", "role", "content"))
+_MESSAGE_FIELDS = len(_MESSAGE_KEYS)
 _PART_KEYS = frozenset(("type", "text", "annotations", "logprobs"))
 
 
@@ -41,6 +42,10 @@ def batch_footprint(batch: tuple[Any, ...]) -> int:
 
 def _item_held(item: dict[Any, Any]) -> int | None:
     """A dict of strings with short keys, or the assembler's message; None for any other shape."""
+    if len(item) == _MESSAGE_FIELDS and item.keys() == _MESSAGE_KEYS:  # first: the string test fails on its content
+        held = _message_held(item)
+        if held is not None:
+            return held
     values = item.values()
     if _all_str(map(type, values)):
         try:
@@ -48,8 +53,7 @@ def _item_held(item: dict[Any, Any]) -> int | None:
                 return _DICT(item) + _GC_HEAD + sum(map(_STR, values))
         except (TypeError, ValueError):  # a key without a length (a number), or no key at all
             pass
-        return None
-    return _message_held(item) if item.keys() == _MESSAGE_KEYS else None
+    return None
 
 
 def _message_held(item: dict[str, Any]) -> int | None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from server_shim.backends.chat_convert import chat_prompt
 from server_shim.history import History
 
@@ -65,3 +69,20 @@ def test_the_memory_held_counts_items_and_their_cached_rendering() -> None:
     assert items_only == history.items_held > 10_000
     chat_prompt(history)
     assert history.held > items_only + 10_000, "the rendering (message and its JSON) held on top of the items"
+
+
+json_items = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.dictionaries(st.text(max_size=10), json_items, max_size=5), max_size=4), max_size=4))
+def test_the_json_size_is_each_items_encoding_and_a_byte(batches: list[list[dict[str, Any]]]) -> None:
+    """`nbytes` (what token estimates read) is taken from one encoding of the batch as an array: the same figure as
+    encoding each item apart and counting a byte between items, whatever the items hold."""
+    history = History.from_batches(batches)
+    assert history.nbytes == sum(len(orjson.dumps(item)) + 1 for batch in batches for item in batch)
+    assert History(None, ()).nbytes == 0

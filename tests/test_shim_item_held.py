@@ -103,6 +103,15 @@ def test_any_other_shape_is_walked_to_the_same_figure(item):
     assert batch_footprint((item,)) == footprint_by_definition((item,))
 
 
+def test_a_message_with_the_assemblers_keys_and_string_content_is_sized_as_a_dict_of_strings(monkeypatch):
+    """The assembler's five keys are tested first (its content list fails the string test): an item with those keys
+    whose content is a string is no assembler message, and is still sized as a dict of strings, without the walk."""
+    batch = _decoded([{**USUAL["the assistant's message"], "content": "a string, é"}])
+    expected = footprint_by_definition(batch)
+    monkeypatch.setattr(item_held, "footprint", lambda value: pytest.fail(f"walked {value!r}"))
+    assert batch_footprint(batch) == expected
+
+
 def test_a_subclass_of_a_plain_type_is_walked_to_the_same_figure():
     class Text(str):
         pass
