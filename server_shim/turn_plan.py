@@ -62,6 +62,10 @@ class TurnEnv:
     """Stored responses streaming now: chaining from one is `previous_response_in_progress`."""
 
 
+NOT_COUNTED = TokenCount(None)
+"""`TurnPlan.counting` until the turn starts its count: a count of nothing (it holds no task; nothing changes it)."""
+
+
 @dataclass(slots=True)
 class TurnPlan:
     """The prepared turn: validated new items appended to the previous history.
@@ -98,7 +102,8 @@ class TurnPlan:
     later_checks: list[Check] = field(default_factory=list)
     new_messages: list[dict[str, Any]] = field(default_factory=list)
     previous: ResponseState | None = None
-    counting: TokenCount = field(default_factory=lambda: TokenCount(None))
+    counting: TokenCount = NOT_COUNTED
+    """Set when the turn runs (`TokenCount.start`)."""
     tokens: tuple[str, int] | None = None
 
     def route(self, delta: Carry | Routed) -> None:
@@ -110,14 +115,14 @@ class TurnPlan:
     def state(self, response: dict[str, Any], request: CreateRequest, tenant: str | None) -> ResponseState:
         """What the finished turn leaves for the next one: its Response object, its history through the output."""
         output = response["output"]
-        return ResponseState(  # the first three by position: more than 15 keyword arguments cost a dict (`TurnPlan`)
+        return ResponseState(  # the first seven by position, in order (keywords cost a dict: see `TurnPlan`)
             response,
-            self.new_items,
-            output,
-            tools=shared_tools(request.tools or [], response, self.previous),
-            chat_tools=self.tools,
-            history=self.history.extend(output),
-            call_ids=with_calls(self.call_ids, called) if (called := _calls_in(output)) else self.call_ids,
+            self.new_items,  # input_items
+            output,  # output_items
+            shared_tools(request.tools or [], response, self.previous),  # tools
+            self.tools,  # chat_tools
+            self.history.extend(output),  # history
+            with_calls(self.call_ids, called) if (called := _calls_in(output)) else self.call_ids,  # call_ids
             deployment=self.deployment,
             carry=dict(self.carry),
             tenant=tenant,
