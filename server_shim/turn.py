@@ -122,7 +122,7 @@ class Turn:
         once when it can, else to `send`, awaited; `started` gets the response's id before its first batch;
         `encoded`: a message's and the Response object's as the WebSocket sends them (`event_frames`).
 
-        The batches: the start, with a reply ready at once (`_generate`), each delta's when they stream, the
+        The batches: the start, with a reply ready at once (`_walked`), each delta's when they stream, the
         close, the end (after the close when the store is awaited). A layer per event, or a generator to pull
         the batches through, is what a 1-token turn spends most on: the WebSocket is pushed to, the HTTP
         paths pull (`batches.pulled`). Raises `APIError` before the response starts (nothing changed then), and
@@ -144,7 +144,17 @@ class Turn:
             stages = self.result.stages
             stages.restart()
             if self.request.generate is not False:
-                failure, steered, batch = await self._generate(plan, checks, assembler, emit, send, batch)
+                try:
+                    self._sent = plan.backend_request(self.request, self.connection_id, stages)
+                    ready = None if emit is unsent else self._ready(plan, checks)
+                except Exception as exc:
+                    failure: BackendError | APIError | None = self._failure(exc)
+                else:
+                    if ready is not None:  # pushed and ready at once: walked, its events sent with the start
+                        failure = self._walked(ready, plan, assembler, batch)
+                    else:
+                        failure, steered = await self._streamed(plan, checks, assembler, emit, send, batch)
+                        batch = []
                 stages.mark("stream" if stages.first_token is not None else "backend_ttft")
                 self._deployment = self.result.deployment = plan.deployment
                 if failure is not None:
@@ -181,7 +191,24 @@ class Turn:
             checks.cancel()
             plan.counting.cancel()
 
-    async def _generate(
+    def _walked(
+        self, ready: Sequence[Delta], plan: TurnPlan, assembler: OutputAssembler, held: list[Sent]
+    ) -> BackendError | APIError | None:
+        """A reply ready at once, walked without waiting for anything: its events join `held` (the start), sent in
+        one batch (one write, not one per delta). Why it failed, if it did (a malformed reply: the turn reports
+        it). Steering is not looked for: nothing waits from `started` to the end of the walk, so nothing can
+        queue it. Only a pushed turn walks: a reader that pulls may stop at any delta (the chat path at a stop
+        sequence), so it gets each delta's events alone, as a stream gives them (`_streamed`)."""
+        for delta in ready:
+            try:
+                batch = self._took(delta, plan, assembler)
+            except Exception as exc:
+                return self._failure(exc)
+            if batch:
+                held += batch
+        return None
+
+    async def _streamed(
         self,
         plan: TurnPlan,
         checks: PendingChecks,
@@ -189,42 +216,19 @@ class Turn:
         emit: Emit,
         send: Send,
         held: list[Sent],
-    ) -> tuple[BackendError | APIError | None, bool, list[Sent]]:
-        """Inference: the backend's deltas through the assembler, after `held` (the start). Returns why it failed
-        (the backend, a check's refusal, a malformed stream: the turn reports it, it must not hang it), whether
-        steering stopped it at a safe output boundary (the successor takes the input), and the events not sent.
-
-        A reply ready at once is walked without waiting for anything: its events join `held`, sent by the caller
-        in one batch with the start (one write, not one per delta), unless `emit` is `unsent` (a reader that
-        stops at a delta, as the chat path at a stop sequence, must get each delta's events alone: the rest of
-        the reply is not fed to the response it stops). A streamed reply's deltas go out as they come.
-        Steering is looked for between streamed deltas only: nothing waits from `started` to the end of a
-        walk pushed to the WebSocket, so nothing can queue it then (and the paths that pull have none).
-        """
-        try:
-            self._sent = plan.backend_request(self.request, self.connection_id, self.result.stages)
-            ready = self._ready(plan, checks)
-            if ready is None:
-                raw = self.env.backend.stream(self._sent)
-                restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
-                deltas = gated(restored, checks)
-        except Exception as exc:
-            return self._failure(exc), False, held
-        if ready is not None:  # the whole reply at once, nothing between: walked, not awaited
-            for delta in ready:
-                try:
-                    batch = self._took(delta, plan, assembler)
-                except Exception as exc:
-                    return self._failure(exc), False, held
-                if batch:
-                    if emit is unsent:
-                        await send(held + batch)
-                        held = []
-                    else:
-                        held += batch
-            return None, False, held
+    ) -> tuple[BackendError | APIError | None, bool]:
+        """The backend's stream through its layers (calls restored, checks gated), after `held` (the start): each
+        delta's events sent as they come. Why it failed (the backend, a check's refusal, a malformed stream: the
+        turn reports it, it must not hang it), and whether steering stopped it at a safe output boundary (the
+        successor takes the input). A failed send is not the backend's: it is never caught here as one."""
         if not emit(held):
             await send(held)
+        try:
+            raw = self.env.backend.stream(cast(BackendRequest, self._sent))
+            restored = restore_calls(raw, plan.tools, self.request.max_tool_calls)
+            deltas = gated(restored, checks)
+        except Exception as exc:
+            return self._failure(exc), False
         failure: BackendError | APIError | None = None
         steered = False
         try:
@@ -246,7 +250,7 @@ class Turn:
                 await _close_layers(deltas, restored, raw)
             except Exception as exc:
                 failure = failure or self._failure(exc)
-        return failure, steered, []
+        return failure, steered
 
     def _failure(self, exc: Exception) -> BackendError | APIError:
         """What failed the backend's part of the turn, as the client is told (called where `exc` is handled)."""
