@@ -34,6 +34,14 @@ def on_task() -> Generator[None, None, None]:
         yield
 
 
+async def on_task_for(part: object) -> None:
+    """`on_task()` before calling `part` (a store), unless it says its coroutines need no task
+    (`runs_outside_tasks`, as the in-process store's, which never wait): one given to `create_app` may use a
+    timeout or an HTTP client."""
+    if not getattr(part, "runs_outside_tasks", False):
+        await on_task()
+
+
 def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
     """Run `coro`'s first step now, from a callback outside any task; the Task that runs the rest, or None
     when it finished (or failed) in that step.

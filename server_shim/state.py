@@ -266,6 +266,10 @@ class ResponseStore(Protocol):
     Implementations must be safe to share between connections. Every read names the tenant
     asking: a response owned by another tenant is indistinguishable from an unknown id, so
     `load` returns None and `delete` returns False (and removes nothing) for both.
+
+    A turn calls `save` and `load` from a task (they may use `asyncio.timeout` or an HTTP client), unless the
+    store has `runs_outside_tasks = True`: then also from a lane's first step run inside the socket's read
+    (`eager`), which saves a loop iteration per turn; only for coroutines that need no current task.
     """
 
     async def save(self, state: ResponseState) -> None: ...
@@ -297,6 +301,9 @@ class MemoryResponseStore:
     drops its own oldest; past the store's bounds the oldest of the tenant holding the most (bytes, or
     responses for the count bound) is dropped, so a tenant that stores much cannot evict one that stores little.
     """
+
+    runs_outside_tasks = True
+    """Its coroutines never wait: a lane's eager first step may call them (`ResponseStore`)."""
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from . import metrics
 from .backends.base import BackendRequest, Carry, Delta, Routed, TextDelta, ToolCallDelta, Usage
 from .batches import Emit, Send, pulled, unsent
 from .checks import CheckRefused, PendingChecks, gated
+from .eager import on_task, on_task_for
 from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
 from .events import Event, EventSequence, OutputAssembler, Sent, new_id, not_stored, response_object
@@ -232,6 +233,7 @@ class Turn:
         failure: BackendError | APIError | None = None
         steered = False
         try:
+            await on_task()  # any backend (one given to `create_app`, no router between) may need a current task
             while True:
                 try:
                     batch = self._took(await anext(deltas), plan, assembler)
@@ -432,6 +434,7 @@ class Turn:
     async def _store(self, state: ResponseState, response: dict[str, Any]) -> None:
         """Save the response for other connections and replicas; one the store cannot take is marked so."""
         try:
+            await on_task_for(self.env.store)
             await self.env.store.save(state)
         except APIError as error:  # the store is away: this connection can still continue from its cache
             metrics.STORE_OPERATIONS.labels("save", "error").inc()

@@ -17,7 +17,7 @@ from .backends.base import Backend, BackendRequest, Carry, Routed
 from .callids import with_calls
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
-from .eager import on_task
+from .eager import on_task, on_task_for
 from .errors import APIError, BackendError
 from .footprint import footprint_in_slices
 from .history import History
@@ -186,6 +186,7 @@ async def resolve_previous(
     state = cached_previous(previous_id, cache)
     if state is not None:
         return state
+    await on_task_for(env.store)
     state = await env.store.load(previous_id, tenant)
     metrics.STORE_OPERATIONS.labels("load", "miss" if state is None else "hit").inc()
     metrics.CACHE_LOOKUPS.labels("miss" if state is None else "store").inc()

@@ -23,6 +23,8 @@ from openai import AsyncOpenAI
 from support.wire import API_KEY, MODEL, completed_ok, only_connection, run_turn
 
 from server_shim import eager
+from server_shim.backends.base import Finish, TextDelta, Usage
+from server_shim.state import MemoryResponseStore, ResponseState
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="unset")
 
@@ -213,3 +215,55 @@ async def test_a_lane_whose_first_step_fails_is_logged_and_dropped_and_the_conne
             await chained(conn, "two", await chained(conn, "one", None))
     assert calls == ["lost", "one", "two"]
     assert "a bug in the lane" in caplog.text
+
+
+class TimedBackend:
+    """A backend given to `create_app` (no router between) that bounds its read with `asyncio.timeout`, as an
+    HTTP client's deadline does: it needs a current task."""
+
+    name = "timed"
+
+    async def stream(self, request: Any) -> Any:
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0)
+        yield TextDelta("on a task" if asyncio.current_task() is not None else "no task")
+        yield Usage(input_tokens=3, output_tokens=1)
+        yield Finish("stop")
+
+    async def models(self) -> list[str]:
+        return [MODEL]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class TimedStore(MemoryResponseStore):
+    """A store given to `create_app` whose calls are bounded by a timeout (a remote store's): not marked
+    `runs_outside_tasks`, so the turn calls it from a task."""
+
+    runs_outside_tasks = False
+
+    async def save(self, state: ResponseState) -> None:
+        async with asyncio.timeout(5):
+            await super().save(state)
+
+    async def load(self, response_id: str, tenant: str | None) -> ResponseState | None:
+        async with asyncio.timeout(5):
+            return await super().load(response_id, tenant)
+
+
+async def test_a_backend_or_store_given_to_create_app_is_called_from_a_task(make_server):
+    """The router hops onto the lane's task before its backends stream; a backend or store given to `create_app`
+    directly has no router between, and before the turn's own hop every such turn failed (`asyncio.timeout`:
+    'Timeout should be used inside a task'; httpx: 'unknown async library')."""
+    server = make_server(backend_impl=TimedBackend(), store_impl=TimedStore())
+    async with AsyncOpenAI(base_url=server.base_url, api_key=API_KEY) as sdk:
+        async with sdk.responses.connect() as conn:
+            first = await run_turn(conn, input="one", store=True)
+            completed_ok(first)
+            second = await run_turn(conn, input="two", store=True, previous_response_id=first.response["id"])
+            completed_ok(second)
+            assert second.response["output"][0]["content"][0]["text"] == "on a task"
+        async with sdk.responses.connect() as other:  # a new connection: the parent comes from the store
+            third = await run_turn(other, input="three", previous_response_id=second.response["id"])
+            completed_ok(third)
