@@ -340,6 +340,7 @@ class Turn:
             created_at=self._created_at,
             labels=plan.labels,
             echoed=plan.echoed,
+            memo=plan.derived,
         )
         state = plan.state(final, self.request, self.tenant)
         if self.cache is not None:

@@ -59,7 +59,7 @@ SHARED_DERIVATIONS = 16
 class Derived:
     """The request's settings as a turn uses them (see the module's docstring)."""
 
-    __slots__ = ("echo_held", "echo_json", "echoed", "fields", "options", "parts")
+    __slots__ = ("echo_held", "echo_json", "echoed", "fields", "options", "parts", "response_template")
 
     def __init__(self, request: CreateRequest) -> None:
         echoed, given = echo_of(request)
@@ -72,6 +72,9 @@ class Derived:
         self.echo_json: EchoJson | Literal[False] | None = None
         """The echo's JSON but for `previous_response_id`, once a WebSocket turn encoded it (`event_frames`; False:
         it cannot be encoded)."""
+        self.response_template: dict[str, Any] | None = None
+        """A Response object with the echo, once a turn made one (`events.response_object` copies it, ~1 KB: its
+        values are the echo's own objects)."""
         self.options = chat_options(request)
         """What a Chat Completions backend gets beside the conversation."""
         self.fields = responses_fields(request)

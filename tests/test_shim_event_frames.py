@@ -233,3 +233,40 @@ def test_a_first_delta_that_cannot_be_encoded_follows_the_messages_encoded_openi
     assert [isinstance(event, dict) for event in sent] == [False, False, True, False, True, True, True]
     assert [event["sequence_number"] for event in kinds] == list(range(7))
     assert assembler.output_json == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requests,
+    st.sampled_from([None, "resp_a", 'resp_\u00e9"']),
+    st.sampled_from([None, "resp_b"]),
+    st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
+    st.sampled_from([None, "max_output_tokens"]),
+    st.booleans(),
+)
+def test_a_response_object_copied_from_its_derivations_is_the_one_made_whole(
+    body, first, parent, labels, reason, with_usage
+):
+    """`response_object(memo=...)` copies a Response object made once per derivation: the same keys, in the same
+    order, with the same values as building it whole; the copy the memo keeps is never changed by a turn's."""
+    derived = Derived(CreateRequest.model_validate({**body, "previous_response_id": first}))
+    request = CreateRequest.model_validate({**body, "previous_response_id": parent})
+    output = [{"id": "msg_1", "type": "message"}]
+    usage = Usage(3, 1) if with_usage else None
+    for _ in range(2):  # the first turn makes the template, the next copies it
+        made = {
+            "status": "incomplete" if reason else "completed",
+            "output": output,
+            "usage": usage,
+            "incomplete_reason": reason,
+            "created_at": 5.0,
+            "labels": labels,
+        }
+        with mock.patch.object(time, "time", return_value=7.0):
+            whole = response_object("resp_1", request, **made, echoed=derived.echo(request))
+            copied = response_object("resp_1", request, **made, echoed=derived.echo(request), memo=derived)
+        assert list(copied.items()) == list(whole.items())
+        assert orjson.dumps(copied) == orjson.dumps(whole)
+        not_stored(copied, "store_unavailable")  # what a turn may change in its own
+        assert derived.response_template is not None and derived.response_template["metadata"] == {}
+        assert derived.response_template["store"] is derived.echoed["store"]
