@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import AsyncGenerator
 
 import httpx2
@@ -105,6 +106,40 @@ def test_waiting_on_the_portal_from_its_own_thread_is_refused(portal: Portal) ->
 
     with pytest.raises(RuntimeError, match="deadlock"):
         portal.call(nested())
+
+
+def test_waiting_on_the_portal_from_the_keeper_is_refused_at_once_and_a_cleanup_there_is_scheduled() -> None:
+    """Garbage collection may run a finalizer on the keeper while it runs the loop (a dropped client is a
+    reference cycle: its close waits on the portal). A wait there blocks the loop it waits for: before, the
+    call was handed over and timed out (a dropped client's close stalled the loop 10 s), a cleanup never ended."""
+    portal = Portal("test-portal", idle_s=0.01)
+    try:
+        portal.call(asyncio.sleep(0))
+        outcome = concurrent.futures.Future[BaseException | None]()
+        cleaned = threading.Event()
+
+        async def clean() -> None:
+            cleaned.set()
+
+        def on_the_keeper() -> None:
+            try:
+                portal.call(asyncio.sleep(0), timeout=2)
+                outcome.set_result(None)
+            except BaseException as exc:
+                outcome.set_result(exc)
+                if isinstance(exc, RuntimeError):
+                    portal.cleanup(clean())
+
+        while portal._own.driver != KEEPER:
+            time.sleep(0.01)
+        loop = portal._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(on_the_keeper)
+        refused = outcome.result(10)
+        assert isinstance(refused, RuntimeError) and "deadlock" in str(refused)
+        assert cleaned.wait(5)
+    finally:
+        portal.stop()
 
 
 def test_a_call_returns_raises_times_out_and_reports_cancellation_as_run_coroutine_threadsafe_did(

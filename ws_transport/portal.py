@@ -76,12 +76,12 @@ class Portal:
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on)."""
-        me = get_ident()
-        if self._own.driver == me:
+        me, running = get_ident(), running_loop()
+        if self._runs_the_loop(me, running):
             coro.close()
             raise RuntimeError("waiting on the portal from the thread running its loop would deadlock")
         try:
-            loop, move = self._take(me)
+            loop, move = self._take(me, can_drive=running is None)
         except BaseException:
             coro.close()
             raise
@@ -93,9 +93,15 @@ class Portal:
         """`coro` to be run by `result()` (as `call` runs it), on the thread that asks for the result."""
         return Pending(self, coro)
 
-    def _take(self, me: int) -> tuple[asyncio.AbstractEventLoop, Move]:
-        """The loop (made, with its keeper, on first use) and what this thread does with its call."""
-        can_drive = running_loop() is None
+    def _runs_the_loop(self, me: int, running: asyncio.AbstractEventLoop | None) -> bool:
+        """Whether thread `me` (whose running loop is `running`) runs the portal's loop: its driver, or the keeper
+        (`driver` says `KEEPER`, not which thread), where garbage collection may call a finalizer (a dropped
+        client's close): a wait there would block the loop it waits for."""
+        return self._own.driver == me or (running is not None and running is self._loop)
+
+    def _take(self, me: int, *, can_drive: bool) -> tuple[asyncio.AbstractEventLoop, Move]:
+        """The loop (made, with its keeper, on first use) and what this thread does with its call (`can_drive`: it
+        runs no other loop)."""
         with self._lock:
             move = self._own.take(me, can_drive=can_drive)
             loop = self._loop or self._start()
@@ -170,7 +176,7 @@ class Portal:
         loop = self._loop
         if loop is None or self._own.stopped:
             coro.close()
-        elif self._own.driver == get_ident():
+        elif self._runs_the_loop(get_ident(), running_loop()):
             task = loop.create_task(coro)
             self._detached.add(task)
             task.add_done_callback(self._detached.discard)
