@@ -10,20 +10,26 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import websockets.frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.client import ClientProtocol
 from websockets.exceptions import PayloadTooBig, ProtocolError
 from websockets.frames import Frame, Opcode, apply_mask
+from websockets.protocol import State
 from websockets.streams import StreamReader
+from websockets.uri import parse_uri
+from websockets.utils import accept_key
 
 from ws_transport.connection import Connection
 from ws_transport.policy import Socket
-from ws_transport.text_frames import next_text
+from ws_transport.text_frames import at_a_boundary, next_text
 
 OPCODES = [Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PING, Opcode.CLOSE]
 
@@ -225,3 +231,77 @@ async def test_a_frame_cut_in_its_header_is_read_by_websockets_and_the_next_read
             assert [(await conn.next_event(lane, timeout=10))["n"] for _ in range(4)] == [0, 1, 2, 3]
             assert conn.taking
             await conn.aclose()
+
+
+def opened_client(max_size: int | None) -> ClientProtocol:
+    """A sans-I/O client protocol past its handshake, as the connection's socket holds it."""
+    protocol = ClientProtocol(parse_uri("ws://shim/v1/responses"), max_size=max_size)
+    request = protocol.connect()
+    protocol.send_request(request)
+    protocol.data_to_send()
+    accept = accept_key(request.headers["Sec-WebSocket-Key"]).encode()
+    protocol.receive_data(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+    )
+    protocol.events_received()
+    assert protocol.state is State.OPEN
+    return protocol
+
+
+def server_bytes(rng: random.Random) -> bytes:
+    """A server's frames of every kind, payloads full of the bytes a header starts with (0x81, 0x7e, 0x7f), lengths
+    at each bound (a 16-bit length 0x81xx reads as a text frame's first byte when a read starts there)."""
+    out = []
+    for _ in range(rng.randint(1, 10)):
+        n = rng.choice([0, 1, 125, 126, 127, 200, 0x8100, 65535, 65536]) if rng.random() < 0.3 else rng.randint(0, 60)
+        piece = bytes(
+            rng.choice([0x81, 0x7E, 0x7F, 0x00]) if rng.random() < 0.5 else rng.randint(0, 255) for _ in range(64)
+        )
+        payload = (piece * (n // 64 + 1))[:n]
+        opcode = rng.choice([*OPCODES, Opcode.TEXT, Opcode.TEXT, Opcode.TEXT, Opcode.PONG])
+        if opcode in (Opcode.PING, Opcode.PONG, Opcode.CLOSE):
+            payload = b"\x03\xe8" if opcode is Opcode.CLOSE else payload[:125]
+        fin = opcode not in (Opcode.TEXT, Opcode.CONT) or rng.random() < 0.8
+        odd = rng.random()
+        out.append(raw_frame(opcode, payload, fin=fin, rsv1=odd < 0.03, masked=0.03 <= odd < 0.06))
+    return b"".join(out)
+
+
+def read_as_the_client(data: bytes, cuts: list[int], max_size: int | None, *, split: bool) -> tuple[Any, ...]:
+    """What the client gets from `data` read in pieces (cut at `cuts`): frames in order, bytes it sends back (pongs,
+    close), state and close codes; `split`: whole text frames taken as `Connection._take_data` takes them."""
+    protocol = opened_client(max_size)
+    frames: list[tuple[str, bool, bytes]] = []
+    sent = []
+    for start, end in zip([0, *cuts], [*cuts, len(data)], strict=True):
+        read, taken = data[start:end], 0
+        if split and at_a_boundary(protocol):
+            while (bounds := next_text(read, taken, protocol.max_size)) is not None:
+                frames.append(("TEXT", True, read[bounds[0] : bounds[1]]))
+                taken = bounds[1]
+        if taken < len(read):
+            protocol.receive_data(read[taken:])
+        frames += [(event.opcode.name, event.fin, bytes(event.data)) for event in protocol.events_received()]
+        sent += protocol.data_to_send()
+    codes = [close.code if close else None for close in (protocol.close_rcvd, protocol.close_sent)]
+    return frames, b"".join(sent), protocol.state, codes
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_splitting_reads_changes_nothing_websockets_parser_alone_would_do(
+    block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Differential, per random stream and cuts: frames, their order, pongs and closes sent, state and close codes
+    are the parser's own. Cuts fall anywhere, byte by byte at the start, and right after frame headers."""
+    monkeypatch.setattr(websockets.frames, "secrets", SimpleNamespace(token_bytes=bytes))  # unmasked: bytes compare
+    for seed in range(block * 150, block * 150 + 150):
+        rng = random.Random(seed)
+        data = server_bytes(rng)
+        cuts = set(rng.sample(range(1, len(data)), k=min(rng.randint(0, 6), len(data) - 1)))
+        if rng.random() < 0.3:
+            cuts.update(range(1, min(len(data), 40)))
+        cuts.update(at for at in (2, 4) if rng.random() < 0.5 and at < len(data))
+        max_size = rng.choice([None, 100, 2**16])
+        split = read_as_the_client(data, sorted(cuts), max_size, split=True)
+        assert split == read_as_the_client(data, sorted(cuts), max_size, split=False), seed
