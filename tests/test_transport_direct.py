@@ -1,4 +1,5 @@
-"""`wrap()`'s direct path: a non-streaming turn sent without the SDK's HTTP pipeline, answered with the SDK's own `Response`.
+"""`wrap()`'s direct path: a turn sent without the SDK's HTTP pipeline, answered with the SDK's own `Response`
+(or, streamed, the SDK's own `Stream` of its typed events).
 
 The SDK's pipeline is observed through httpx's request event hook: a turn that takes the direct
 path builds no httpx request at all. What the caller gets is compared with what the SDK gives over
@@ -120,20 +121,102 @@ def test_a_rejected_direct_turn_raises_what_http_raises_and_the_socket_chains_on
     assert len(requests.urls) == 2, "the turn after the error took the direct path again"
 
 
-def test_per_call_options_raw_responses_and_streams_go_through_the_sdk(server: BackgroundServer) -> None:
+def test_per_call_options_raw_responses_and_streaming_responses_go_through_the_sdk(server: BackgroundServer) -> None:
     requests = Requests()
     with wrapped(server, requests) as client:
         client.responses.create(model=MODEL, input="hello")
         client.responses.create(model=MODEL, input="x", extra_headers={"x-trace": "1"})
         raw = client.responses.with_raw_response.create(model=MODEL, input="y")
         assert isinstance(raw.parse(), Response)
-        with client.responses.create(model=MODEL, input="z", stream=True) as stream:
-            kinds = [event.type for event in stream]
+        with client.responses.with_streaming_response.create(model=MODEL, input="z", stream=True) as streaming:
+            kinds = [event.type for event in streaming.parse()]
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
         client.responses.create(model=MODEL, input="timeout", timeout=30)
         assert len(requests.urls) == 5
         client.responses.create(model=MODEL, input="plain again")
+        with client.responses.create(model=MODEL, input="streamed", stream=True) as stream:
+            assert [event.type for event in stream][-1] == "response.completed"
         assert len(requests.urls) == 5
+
+
+def shapes(events: Any) -> list[tuple[type, set[str], dict[str, Any] | None]]:
+    """What the SDK made of each event, but for the values a turn makes afresh (ids, times)."""
+    return [(type(event), event.model_fields_set, event.model_extra) for event in events]
+
+
+def streamed_turns(client: OpenAI) -> list[Any]:
+    """Three chained streamed turns' shapes, and the stream object of the last one."""
+    history: list[Any] = [user("hello")]
+    turns: list[Any] = []
+    for turn in range(3):
+        with client.responses.create(model=MODEL, input=history, stream=True) as stream:
+            events = list(stream)
+        turns.append(shapes(events))
+        history += [*events[-1].response.output, user(f"and then {turn}?")]
+    return [turns, stream]
+
+
+def test_streamed_turns_build_no_http_request_and_yield_the_sdks_own_stream_and_events(
+    server: BackgroundServer,
+) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        turns, stream = streamed_turns(client)
+        stats = ws_transport.session_of(client).stats
+    assert len(requests.urls) == 1, "only the first turn went through the SDK's pipeline"
+    assert (stats.turns, stats.turns_chained, stats.fallbacks) == (3, 2, 0)
+    with wrapped(server, Requests(), direct=False) as client:
+        through_sdk, sdk_stream = streamed_turns(client)
+    assert turns == through_sdk, "the same event types, fields set and extras as through the SDK's pipeline"
+    assert type(stream) is type(sdk_stream) is openai.Stream
+    assert stream.__orig_class__ == sdk_stream.__orig_class__  # type: ignore[attr-defined]
+    assert stream.response.status_code == 200 and stream.response.headers == sdk_stream.response.headers
+    assert stream.response.request.method == "POST" and stream.response.request.url == sdk_stream.response.request.url
+    assert stream.response.is_closed
+
+
+def test_the_async_client_streams_on_the_direct_path_too(server: BackgroundServer) -> None:
+    requests = Requests()
+
+    async def main() -> list[list[str]]:
+        hooks = openai.DefaultAsyncHttpxClient(event_hooks={"request": [requests.hook]})
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=hooks)
+        async with ws_transport.wrap(client) as wrapped_client:
+            history: list[Any] = [user("hello")]
+            kinds = []
+            for turn in range(3):
+                stream = await wrapped_client.responses.create(model=MODEL, input=history, stream=True)
+                assert type(stream) is openai.AsyncStream
+                async with stream:
+                    events = [event async for event in stream]
+                kinds.append([event.type for event in events])
+                history += [*events[-1].response.output, user(f"more {turn}")]
+            assert ws_transport.session_of(wrapped_client).stats.turns_chained == 2
+            return kinds
+
+    for kinds in asyncio.run(main()):
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert len(requests.urls) == 1
+
+
+def test_a_rejected_direct_stream_raises_what_http_raises_and_a_stream_closed_early_lets_the_next_one_run(
+    server: BackgroundServer,
+) -> None:
+    requests = Requests()
+    with wrapped(server, requests) as client:
+        history: list[Any] = [user("hello")]
+        first = client.responses.create(model=MODEL, input=history)
+        history += [*first.output, user("now with a bad temperature")]
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model=MODEL, input=history, temperature=5, stream=True)
+        assert "temperature" in str(raised.value)
+        assert len(requests.urls) == 2, "the rejected turn went again through the SDK, which raised its error"
+        with client.responses.create(model=MODEL, input=history, stream=True) as stream:
+            assert next(stream).type == "response.created"
+        assert stream.response.is_closed
+        with client.responses.create(model=MODEL, input=history, stream=True) as stream:
+            assert [event.type for event in stream][-1] == "response.completed"
+    assert len(requests.urls) == 2, "the streams after the error took the direct path again"
 
 
 def test_changed_credentials_go_through_the_sdk_and_pick_their_own_socket(server: BackgroundServer) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx2
 import pydantic
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
 from openai._base_client import make_request_options
 from openai._models import add_request_id
 from openai._types import NOT_GIVEN, NotGiven
@@ -196,6 +196,20 @@ def _plain_request_id(cls: type[pydantic.BaseModel]) -> bool:
         and "_request_id" not in cls.__private_attributes__
         and "_request_id" not in cls.__class_vars__
     )
+
+
+def endpoint_url(client: Client, path: str) -> Any:
+    """The URL the SDK posts `path` to (its base URL joined as the SDK joins it), of the client's httpx library."""
+    return client._prepare_url(path)
+
+
+def event_stream(client: Client, response: Any) -> Any:
+    """The SDK's `Stream` (`AsyncStream`) of `responses.create(stream=True)` over an SSE `response`, made as
+    the SDK's pipeline makes it of the transport's answer: the SDK parses its events."""
+    event: Any = ResponseStreamEvent  # a union (the chunk type the SDK reads off `Stream[ResponseStreamEvent]`)
+    if isinstance(client, AsyncOpenAI):
+        return AsyncStream[ResponseStreamEvent](cast_to=event, response=response, client=client)
+    return Stream[ResponseStreamEvent](cast_to=event, response=response, client=client)
 
 
 def input_json(items: Any) -> bytes:

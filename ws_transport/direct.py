@@ -1,39 +1,46 @@
-"""The direct path: a wrapped client's non-streaming `responses.create`, without the SDK's HTTP machinery.
+"""The direct path: a wrapped client's `responses.create`, without the SDK's HTTP machinery.
 
 Through the SDK a wrapped turn pays for a request pipeline that has nothing left to do once the
 turn is prepared: request options copied, headers and an httpx request built, the retry loop, an
 httpx response made of the terminal event and parsed back. That was most of a wrapped turn's
 client CPU (`python -m benchmarks client`). The direct path sends the prepared turn on the session
 and makes the SDK's own `Response` of the terminal event with the SDK's own parser, as it parses
-the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object.
+the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object. A
+streamed turn gets the SDK's own `Stream` (`_sdk.event_stream`) over the very SSE answer the
+transport gives the SDK (`replies.SSEStream`), so the SDK's code makes and raises what it does over
+that answer; its `response` is that answer, to a bare `POST` of the endpoint (no headers: the SDK
+built none).
 
 It is taken only when the SDK's pipeline could not change the outcome (and `SessionOptions.direct`
 is on: httpx event hooks and HTTP instrumentation do not see the turns it takes):
 - the client has sent a turn of its own through the SDK on this session, which taught the
   session its upgrade headers, and its `default_headers` (credentials, organization, project,
   custom headers) are still the ones it had then;
-- the call is not streaming and passes no `extra_headers`, `extra_query` or `timeout` (the SDK's
-  raw and streaming response wrappers pass `extra_headers`);
+- the call is a `/responses` call (not a chat one) and passes no `extra_headers`, `extra_query` or
+  `timeout` (the SDK's raw and streaming response wrappers pass `extra_headers`);
 - the client authenticates with a plain API key (`_sdk.request_key`);
 - the client does not validate responses strictly (`_strict_response_validation`: the SDK's
   pipeline raises its `APIResponseValidationError`, which needs the HTTP response).
 A turn that does not end in a response (an error event, a lost socket, a timeout, a fall back to
-HTTP, a closed client) goes again through the SDK's own path, which raises or retries exactly as it does over
-HTTP; an error costs that one more round trip.
+HTTP, a closed client), or a stream that does not get its first event, goes again through the SDK's own
+path, which raises or retries exactly as it does over HTTP; an error costs that one more round trip.
+Once a stream has its first event, what comes after reads as it reads through the SDK's path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from openai.types.responses import Response
 
-from . import _sdk
+from . import _http, _sdk
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
 from .headers import Credentials, Headers, credentials_of
 from .policy import SessionState
+from .portal import PortalStream
+from .replies import SSEStream, sse_response
 from .session import Session
 from .turn import TurnRequest
 
@@ -46,6 +53,8 @@ class Binding:
     """What a client's turn through the SDK taught: its upgrade headers, valid while `key` holds."""
 
     key: tuple[Any, ...]
+    url: Any
+    """The `/responses` URL the SDK posts to (an URL of the client's httpx library): a stream's request."""
     headers: Headers
     credentials: tuple[Headers, Credentials]
     """The headers with what `credentials_of` makes of them, worked out once for every turn they serve."""
@@ -77,7 +86,8 @@ class DirectPath:
         """After a turn through the SDK: its upgrade headers serve later turns while `key` holds."""
         if key is not None and turn.on_socket:
             headers = list(turn.headers)
-            self.binding = Binding(key, headers, (headers, credentials_of(headers)))
+            url = _sdk.endpoint_url(self.client, "/responses")
+            self.binding = Binding(key, url, headers, (headers, credentials_of(headers)))
 
     def takes(self, kwargs: dict[str, Any], turn: TurnRequest) -> bool:
         """Whether this call may skip the SDK's pipeline (then `turn.headers` are set for it)."""
@@ -85,7 +95,6 @@ class DirectPath:
         if (
             binding is None
             or not self.session.options.direct
-            or turn.stream
             or turn.chat is not None
             or self.session.state is not SessionState.WEBSOCKET
             or _sdk.validates_strictly(self.client)
@@ -112,6 +121,39 @@ class DirectPath:
         final = await self._final(turn)
         return None if final is None else _sdk.parse_response(self.client, final)
 
+    def sync_stream(self, turn: TurnRequest) -> Any:
+        """The sync client's streamed turn, its events read on the session's loop as the caller iterates
+        (the SDK's `Stream`); None: send it through the SDK."""
+        portal = _sdk.transport_of(self.client).portal
+        events = self._events(turn)
+        try:
+            first = portal.call(_first(events))
+        except SessionClosed:
+            return None
+        if first is None:
+            return None
+        request = self._request()
+        body = PortalStream(SSEStream(first, events, request), portal)
+        return _sdk.event_stream(self.client, sse_response(body, request))
+
+    async def async_stream(self, turn: TurnRequest) -> Any:
+        """The async client's streamed turn (the SDK's `AsyncStream`); None: send it through the SDK."""
+        events = self._events(turn)
+        first = await _first(events)
+        if first is None:
+            return None
+        request = self._request()
+        return _sdk.event_stream(self.client, sse_response(SSEStream(first, events, request), request))
+
+    def _events(self, turn: TurnRequest) -> AsyncGenerator[dict[str, Any], None]:
+        return self.session.events(turn, read_timeout=read_timeout(self.client.timeout))
+
+    def _request(self) -> Any:
+        """The request a stream's response answers: a bare `POST` of the endpoint."""
+        assert self.binding is not None
+        url = self.binding.url
+        return _http.module_of(url).Request("POST", url)
+
     async def _final(self, turn: TurnRequest) -> dict[str, Any] | None:
         """The terminal event's response JSON, or None when the turn did not end in one."""
         try:
@@ -122,6 +164,15 @@ class DirectPath:
             return None
         response: dict[str, Any] = kept[-1]["response"]
         return response
+
+
+async def _first(events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any] | None:
+    """A stream's first event, or None when the turn goes again through the SDK's path (the generator has
+    ended then: it raised)."""
+    try:
+        return await anext(events)
+    except GIVE_UP:
+        return None
 
 
 def _same(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:

@@ -41,7 +41,11 @@ async def _final(session: Session, request: httpx2.Request, turn: TurnRequest) -
 async def _stream(
     events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request, turn: TurnRequest
 ) -> httpx2.Response:
-    stream = SSEStream(await anext(events), events, request, _framer(turn))
+    return sse_response(SSEStream(await anext(events), events, request, _framer(turn)), request)
+
+
+def sse_response(stream: Any, request: httpx2.Request) -> httpx2.Response:
+    """The HTTP answer carrying a streamed turn's events (`stream`: SSE bytes), of `request`'s library."""
     return _http.module_of(request).Response(200, headers=SSE_HEADERS, stream=stream, request=request)
 
 

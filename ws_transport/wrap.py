@@ -136,8 +136,10 @@ def _sync_create(client: Any, resource: Any, session: Session, endpoint: _Endpoi
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return original(**kwargs)
-        if direct.takes(kwargs, turn) and (response := direct.sync_create(turn)) is not None:
-            return _adopted(session, turn, response)
+        if direct.takes(kwargs, turn):
+            result = direct.sync_stream(turn) if turn.stream else direct.sync_create(turn)
+            if result is not None:
+                return _adopted(session, turn, result)
         key = direct.key()
         with _ticket(session, turn, kwargs) as options:
             result = _sdk.post(resource, options, **endpoint.post_args(turn, sync=True))
@@ -156,8 +158,10 @@ def _async_create(client: Any, resource: Any, session: Session, endpoint: _Endpo
         turn = endpoint.prepare(session, kwargs)
         if turn is None:
             return await original(**kwargs)
-        if direct.takes(kwargs, turn) and (response := await direct.async_create(turn)) is not None:
-            return _adopted(session, turn, response)
+        if direct.takes(kwargs, turn):
+            result = await (direct.async_stream(turn) if turn.stream else direct.async_create(turn))
+            if result is not None:
+                return _adopted(session, turn, result)
         key = direct.key()
         with _ticket(session, turn, kwargs) as options:
             result = await _sdk.post(resource, options, **endpoint.post_args(turn, sync=False))
