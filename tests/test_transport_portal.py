@@ -90,6 +90,79 @@ def test_close_before_reading_and_twice_is_harmless(portal: Portal) -> None:
     assert chunks.closed
 
 
+class Queued:
+    """A byte stream of what is queued, waiting for more while nothing is; `ready` says whether a step would wait."""
+
+    def __init__(self, *chunks: bytes | Exception | None) -> None:
+        self.queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
+        for chunk in chunks:
+            self.queue.put_nowait(chunk)
+        self.ended = False
+
+    def ready(self) -> bool:
+        return self.ended or not self.queue.empty()
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        while (chunk := await self.queue.get()) is not None:
+            if isinstance(chunk, Exception):
+                raise chunk
+            yield chunk
+        self.ended = True
+
+    async def aclose(self) -> None:
+        pass
+
+
+class CountingPortal(Portal):
+    calls = 0
+
+    def call(self, coro, timeout=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().call(coro, timeout)
+
+
+@pytest.fixture
+def counting() -> CountingPortal:
+    portal = CountingPortal("test-portal")
+    yield portal
+    portal.stop()
+
+
+def test_chunks_already_there_are_read_in_one_portal_call_with_the_one_before(counting: CountingPortal) -> None:
+    stream = counting.call(make(Queued, b"a", b"b", b"c"))
+    read = iter(PortalStream(stream, counting, stream.ready))
+    counting.calls = 0
+    assert next(read) == b"abc", "the three queued chunks in one read"
+    counting.call(put(stream, b"d", b"e", None))
+    assert list(read) == [b"de"], "after a wait: the one that came and those queued behind it, then the end"
+    assert counting.calls == 3, "a read for the first three, a put, a read to the end"
+
+
+def test_an_error_after_chunks_already_there_comes_after_them(counting: CountingPortal) -> None:
+    stream = counting.call(make(Queued, b"a", b"b", ValueError("lost"), b"never"))
+    read = iter(PortalStream(stream, counting, stream.ready))
+    assert next(read) == b"ab"
+    with pytest.raises(ValueError, match="lost"):
+        next(read)
+    assert list(read) == []
+
+
+def test_without_ready_every_chunk_is_a_portal_call_of_its_own(counting: CountingPortal) -> None:
+    stream = counting.call(make(Queued, b"a", b"b", None))
+    counting.calls = 0
+    assert list(PortalStream(stream, counting)) == [b"a", b"b"]
+    assert counting.calls == 3
+
+
+async def make(kind: type[Queued], *chunks: bytes | Exception | None) -> Queued:
+    return kind(*chunks)  # on the portal's loop (its queue is that loop's)
+
+
+async def put(stream: Queued, *chunks: bytes | None) -> None:
+    for chunk in chunks:
+        stream.queue.put_nowait(chunk)
+
+
 def test_a_stopped_portal_refuses_work_with_session_closed() -> None:
     portal = Portal("test-portal")
     assert portal.call(asyncio.sleep(0, result=1)) == 1

@@ -133,7 +133,7 @@ class DirectPath:
         if first is None:
             return None
         request = self._request()
-        body = PortalStream(SSEStream(first, events, request), portal)
+        body = PortalStream(SSEStream(first, events, request), portal, turn.ready)
         return _sdk.event_stream(self.client, sse_response(body, request))
 
     async def async_stream(self, turn: TurnRequest) -> Any:

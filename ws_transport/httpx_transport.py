@@ -243,7 +243,10 @@ def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Respons
     if not isinstance(stream, SSEStream):
         return response
     return _http.module_of(response).Response(
-        response.status_code, headers=response.headers, stream=PortalStream(stream, portal), request=response.request
+        response.status_code,
+        headers=response.headers,
+        stream=PortalStream(stream, portal, stream.ready),
+        request=response.request,
     )
 
 

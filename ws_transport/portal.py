@@ -302,6 +302,11 @@ class AsyncChunks(Protocol):
     async def aclose(self) -> None: ...
 
 
+def never_ready() -> bool:
+    """A stream none of whose steps is known to return at once (`PortalStream`'s `ready` by default)."""
+    return False
+
+
 class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
     """An async byte stream on the portal's loop, read from the caller's thread.
 
@@ -311,21 +316,28 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
     then closes the generator. A step that starts after the close sees `closed` and does nothing.
     """
 
-    def __init__(self, stream: AsyncChunks, portal: Portal) -> None:
+    def __init__(self, stream: AsyncChunks, portal: Portal, ready: Callable[[], bool] = never_ready) -> None:
         self.stream = stream
         self.portal = portal
         self.chunks = stream.__aiter__()
+        self.ready = ready
+        """Whether the generator's next step would not wait (its chunk is here, or it ends): such are read with
+        the chunk before, in the same portal call (a call costs ~75k instructions: more than a chunk's reading)."""
+        self._after: Exception | None = None
+        """How the step after the chunks read ahead ended (`_END`, or an error), for the next call."""
         self.closed = False
         self._step: asyncio.Task[bytes | None] | None = None
         self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[bytes]:
-        """One portal call per chunk (this thread runs the loop for it when none does); `close()` from another
-        thread interrupts the wait."""
+        """One portal call per chunk, with the chunks after it that are already there (this thread runs the loop
+        for it when none does); `close()` from another thread interrupts the wait."""
         while True:
             with self._lock:
                 if self.closed:
                     raise self._closed_error()
+                if self._after is _END:  # the end came with the last chunk: no call to learn it
+                    return
                 pending = self.portal.submit(self._next())
             try:
                 chunk = pending.result()
@@ -351,10 +363,26 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
         if self.closed:
             raise _StreamClosed
         self._step = asyncio.current_task()
+        after = self._after
+        if after is not None:
+            self._after = _END  # after an error the generator has ended
+            if after is _END:
+                return None
+            raise after
         try:
-            return await anext(self.chunks)
+            chunk = await anext(self.chunks)
         except StopAsyncIteration:
             return None
+        while self.ready():  # steps that do not wait: no suspension, so no cancellation lands among them
+            try:
+                chunk += await anext(self.chunks)
+            except StopAsyncIteration:
+                self._after = _END
+                break
+            except Exception as exc:  # raised once the chunks before it are handed on
+                self._after = exc
+                break
+        return chunk
 
     async def _aclose(self) -> None:
         step = self._step
@@ -367,3 +395,6 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
 
 class _StreamClosed(Exception):
     """A chunk was asked for after the stream was closed."""
+
+
+_END = StopAsyncIteration()

@@ -16,6 +16,7 @@ import orjson
 
 from . import _http
 from .errors import ConnectionLost, TurnRejected, UpgradeRejected, error_body, error_response, error_status
+from .portal import never_ready
 from .session import Session
 from .turn import TurnRequest
 
@@ -41,7 +42,8 @@ async def _final(session: Session, request: httpx2.Request, turn: TurnRequest) -
 async def _stream(
     events: AsyncGenerator[dict[str, Any], None], request: httpx2.Request, turn: TurnRequest
 ) -> httpx2.Response:
-    return sse_response(SSEStream(await anext(events), events, request, _framer(turn)), request)
+    first = await anext(events)
+    return sse_response(SSEStream(first, events, request, _framer(turn), turn.ready), request)
 
 
 def sse_response(stream: Any, request: httpx2.Request) -> httpx2.Response:
@@ -115,11 +117,14 @@ class SSEStream(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
         events: AsyncGenerator[dict[str, Any], None],
         request: httpx2.Request,
         frame: Callable[[dict[str, Any]], bytes] = sse_frame,
+        ready: Callable[[], bool] = never_ready,
     ) -> None:
         self.first = first
         self.events = events
         self.request = request
         self.frame = frame
+        self.ready = ready
+        """Whether the next step of the events would not wait (`TurnRequest.ready`)."""
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         yield self.frame(self.first)

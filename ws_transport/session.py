@@ -20,7 +20,7 @@ from websockets.asyncio.client import ClientConnection
 
 from .chaining import ChainBook
 from .chat_completions import ChatBook
-from .connection import Connection
+from .connection import Connection, Lane
 from .dialing import FallBack, dial
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UseHTTP, error_code
 from .headers import Credentials, Headers, credentials_of, upgrade_headers, websocket_url
@@ -123,6 +123,7 @@ class Session:
                     self._after_error(conn, turn, event, attempts)
                 else:
                     attempts.delivering()
+                    turn.ready = _ready(conn.lanes[lane], attempts)
                     while True:
                         kind = self._settle(conn, turn, event, attempts)
                         yield event
@@ -397,3 +398,8 @@ def _observe(observer: Callable[[dict[str, Any]], None], payload: dict[str, Any]
         observer(payload)
     except Exception:
         log.exception("ws_transport: observer %r failed", observer)
+
+
+def _ready(inbox: Lane, attempts: TurnAttempts) -> Callable[[], bool]:
+    """Whether a stream's next step returns at once: its next event is in its lane, or it has ended."""
+    return lambda: attempts.done or bool(inbox.events)

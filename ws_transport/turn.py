@@ -8,6 +8,7 @@ first turn, a resend or the HTTP fallback.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import pydantic
 from . import _sdk
 from .chaining import Chain, Plan, dump_model
 from .chat_replies import ChatReply
+from .portal import never_ready
 
 TICKET_HEADER = "x-ws-transport-turn"
 """Marks a request whose turn the wrapped `responses.create` already prepared (its body is empty)."""
@@ -109,6 +111,9 @@ class TurnRequest:
     input_nbytes: int = field(default=0, init=False)
     chat: ChatReply | None = None
     """Set when the turn carries a `chat.completions.create` call: how its answer is shaped."""
+    ready: Callable[[], bool] = never_ready
+    """Whether the turn's events' next step would not wait (an event is there, or the turn is over): set while
+    `Session.events` reads it, so a sync stream reads those in one portal call (`PortalStream`)."""
 
     @property
     def chain(self) -> Chain | None:
