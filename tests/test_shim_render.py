@@ -7,6 +7,8 @@ import sys
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import TypeAdapter
 
@@ -16,6 +18,7 @@ from server_shim.backends.chat_convert import (
     RUN,
     SEGMENT_HELD,
     ChatPrompt,
+    _chat_message,
     _Checkpoint,
     chat_body,
     encode,
@@ -318,3 +321,38 @@ def test_the_same_reordering_applies_inside_a_whole_history():
         {"type": "function_call_output", "call_id": "c1", "output": "seven"},
     ]
     assert [m["role"] for m in render_items(history)] == ["user", "assistant", "tool", "user"]
+
+
+_TEXT = st.text(max_size=12)
+_PART = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "refusal", "input_image", "input_file", "other"])},
+    optional={
+        "text": st.one_of(_TEXT, st.none(), st.integers()),
+        "refusal": st.one_of(_TEXT, st.none()),
+        "image_url": _TEXT,
+        "file_id": _TEXT,
+    },
+)
+_MESSAGE_ITEM = st.fixed_dictionaries(
+    {
+        "role": st.one_of(st.sampled_from(["user", "assistant", "system", "developer", "tool"]), _TEXT),
+        "content": st.one_of(_TEXT, st.none(), st.lists(_PART, max_size=3)),
+    },
+    optional={"type": st.just("message"), "id": _TEXT, "status": st.just("completed")},
+)
+
+
+@given(_MESSAGE_ITEM)
+def test_a_message_batch_is_written_as_its_chat_message_encodes(item):
+    """A one-message batch's fragment (written from its content's JSON where the content is text) is the canonical
+    encoding of its chat message, whatever the role and content (or fails as rendering the message does)."""
+    assert _outcome(lambda: ChatPrompt().extend_items([item]).own_fragments[0]) == _outcome(
+        lambda: encode(_chat_message(item))
+    )
+
+
+def _outcome(make):
+    try:
+        return make()
+    except Exception as exc:
+        return type(exc)

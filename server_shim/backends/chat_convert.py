@@ -66,17 +66,16 @@ class ChatPrompt:
     def extend(self, messages: list[Message]) -> ChatPrompt:
         if len(messages) != 1:
             return self._extend_many(messages) if messages else self
-        return self._extend_one(messages[0])
+        return self._extend_one(_sized(dumps(messages[0], option=OPT_SORT_KEYS)))
 
     def extend_items(self, items: Sequence[Item]) -> ChatPrompt:
         """This prompt and then the messages of one batch of items (what `History.rendering` extends by)."""
         if len(items) == 1 and items[0].get("type", "message") == "message":
-            return self._extend_one(_chat_message(items[0]))  # most batches: a user's input or a reply
+            return self._extend_one(_message_fragment(items[0]))  # most batches: a user's input or a reply
         return self.extend(render_items(items))
 
-    def _extend_one(self, message: Message) -> ChatPrompt:
-        # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
-        fragment = bytes(memoryview(dumps(message, option=OPT_SORT_KEYS)))
+    def _extend_one(self, fragment: bytes) -> ChatPrompt:
+        """A segment of one message, given as its canonical encoding (sized to fit: it is cached)."""
         size = len(fragment)  # held as `fragments_held` counts a one-message segment
         since = self.since + 1
         return (ChatPrompt if since < RUN else _checkpoint)(
@@ -89,8 +88,7 @@ class ChatPrompt:
         )
 
     def _extend_many(self, messages: list[Message]) -> ChatPrompt:
-        # orjson over-allocates its output (4 KiB for a small message): cached fragments are copied to size
-        fragments = tuple([bytes(memoryview(dumps(m, option=OPT_SORT_KEYS))) for m in messages])
+        fragments = tuple([_sized(dumps(m, option=OPT_SORT_KEYS)) for m in messages])
         count = len(fragments)
         size = sum(map(len, fragments))
         since = self.since + 1
@@ -290,6 +288,35 @@ class _Renderer:
             last.setdefault("tool_calls", []).append(call)
             return
         self.messages.append({"content": "", "role": "assistant", "tool_calls": [call]})
+
+
+def _sized(encoded: bytes) -> bytes:
+    """orjson's output copied to its size: orjson over-allocates (4 KiB for a small message), and fragments are
+    cached."""
+    return bytes(memoryview(encoded))
+
+
+_CONTENT_KEY = b'{"content":'
+_CHAT_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+"""Each item role a message usually has, and its chat role (as `_chat_message` maps it)."""
+_ROLE_TAILS = {role: b',"role":' + encode(chat_role) + b"}" for role, chat_role in _CHAT_ROLES.items()}
+"""The rest of a text message's canonical encoding after its content, by item role (keys sort `content`, `role`)."""
+
+
+def _message_fragment(item: Item) -> bytes:
+    """`encode(_chat_message(item))`, sized to fit. A message whose content is text (a string, or one text part as
+    `_chat_content` reads it) and whose role is one of the four is written as its content's JSON between the keys'
+    bytes: no message dict, and one copy (the concatenation) where an encoded dict needs a second (`_sized`); on a
+    chained turn, both of its batches. Any other message the long way, to the same bytes."""
+    content = item["content"]
+    if type(content) is list and len(content) == 1 and content[0].get("type") in _TEXT_PARTS:
+        part = content[0]
+        content = part.get("text") or part.get("refusal") or ""
+    role = item["role"]
+    tail = _ROLE_TAILS.get(role) if type(role) is str else None
+    if tail is None or type(content) is not str:
+        return _sized(dumps(_chat_message(item), option=OPT_SORT_KEYS))
+    return _CONTENT_KEY + dumps(content) + tail
 
 
 def _chat_message(item: Item) -> Message:
