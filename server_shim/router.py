@@ -54,6 +54,8 @@ class RouterStats(Counts):
     failovers = Count()
 
 
+PIECES = (TextDelta, ToolCallDelta)
+"""The deltas that are output pieces: what the first token and the tokens per second count."""
 RESOLUTIONS, STICKY_REUSES = RouterStats.resolutions.index, RouterStats.sticky_reuses.index
 """Where a turn's bump goes in `RouterStats.cells` (in C, not through the fields' `__get__` and `__set__`)."""
 
@@ -183,18 +185,23 @@ class Router:
             deployment.in_flight -= 1
 
     def _measured(self, deployment: Deployment, reply: Sequence[Delta], carry: Mapping[str, Any]) -> list[Delta]:
-        """A ready reply as `stream` hands it on, measured with the same clock reads; its carry taken out."""
-        start = self.clock()
+        """A ready reply as `stream` hands it on, measured with the same clock reads; its carry taken out.
+        The piece types a tuple made once, and the token window asked only when its limit reads it: a loop run
+        for every delta of every ready reply."""
+        clock = self.clock
+        start = clock()
         first: float | None = None
         pieces = 0
+        windowed = deployment.tokens_per_minute is not None
         deltas: list[Delta] = []
         for delta in reply:
-            if isinstance(delta, (TextDelta, ToolCallDelta)):
+            if isinstance(delta, PIECES):
                 pieces += 1
                 if first is None:
-                    first = self.clock()
+                    first = clock()
             elif isinstance(delta, Usage):
-                self._count_tokens(deployment, delta)
+                if windowed:
+                    self._count_tokens(deployment, delta)
             elif isinstance(delta, Carry):
                 carry = delta.values
                 continue
@@ -259,7 +266,7 @@ class Router:
                     watch.waiting = False
                     if watch.cancelled or watch.kick is not None:
                         watch.settle()
-                    if isinstance(delta, (TextDelta, ToolCallDelta)):
+                    if isinstance(delta, PIECES):
                         pieces += 1
                         if first is None:
                             first = self.clock()
