@@ -183,7 +183,7 @@ class TokenCount:
         instructions: str | None,
     ) -> TokenCount:
         if counter is None:
-            return cls(None)
+            return NOT_COUNTED
         prior_output: Sequence[Message] = ()
         if previous is not None and previous.output_items:
             prior_output = render_items(previous.output_items)  # the previous response's output, as chat messages
@@ -210,6 +210,11 @@ class TokenCount:
     def cancel(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+
+
+NOT_COUNTED = TokenCount(None)
+"""A count of nothing, shared: every turn without a tokenizer (the usual case) gets it, not an object of its own
+(it holds no task; nothing changes it)."""
 
 
 def counters_by_model(deployments: Sequence[DeploymentConfig]) -> dict[str, TokenizeCounter]:

@@ -28,7 +28,7 @@ from .requests import CreateRequest
 from .safety import Classifier, Validator
 from .stages import StageClock
 from .state import ConnectionCache, ResponseState, ResponseStore, RunningResponses, shared_tools
-from .tokens import TokenCount, TokenCounter
+from .tokens import NOT_COUNTED, TokenCount, TokenCounter
 from .tools import ChatTools
 from .turn_settings import Derived
 
@@ -60,10 +60,6 @@ class TurnEnv:
     """Signs the compaction items this server makes (`compaction.py`); from `compaction_secret` when set."""
     running: RunningResponses = field(default_factory=RunningResponses)
     """Stored responses streaming now: chaining from one is `previous_response_in_progress`."""
-
-
-NOT_COUNTED = TokenCount(None)
-"""`TurnPlan.counting` until the turn starts its count: a count of nothing (it holds no task; nothing changes it)."""
 
 
 @dataclass(slots=True)
