@@ -121,12 +121,6 @@ class ConnectionGate:
 
 
 @dataclass
-class _TenantUsage:
-    in_flight: int = 0
-    starts: deque[float] = field(default_factory=deque)
-
-
-@dataclass
 class TenantLimiter:
     """Per tenant: responses in flight at once, and responses started per minute (a sliding window).
 
@@ -134,12 +128,19 @@ class TenantLimiter:
     `n` choices are `n` responses) or refuses them all with `rate_limit_exceeded` and the seconds
     until they would be admitted; every admitted response is `release`d once, however it ends.
     `never_admits` says whether `count` is over a limit outright (a 429 would be retried forever).
+
+    A tenant's count in flight is a plain int in a dict, its window a deque kept only under
+    `turns_per_minute`: every WebSocket turn acquires and releases, most often with no limit set, and
+    a record made and dropped per turn (a dataclass with a deque in it) cost ~7,000 instructions there.
     """
 
     max_concurrent: int = 0
     turns_per_minute: int = 0
     window_s: float = 60.0
-    _usage: dict[str | None, _TenantUsage] = field(default_factory=dict)
+    _in_flight: dict[str | None, int] = field(default_factory=dict)
+    """Responses in flight per tenant, while it has any."""
+    _starts: dict[str | None, deque[float]] = field(default_factory=dict)
+    """When each tenant's responses in the window started (under `turns_per_minute`), while it has any."""
 
     def never_admits(self, count: int) -> int | None:
         """The limit `count` responses at once are over whatever is in flight, if any."""
@@ -147,10 +148,8 @@ class TenantLimiter:
         return min(over) if over else None
 
     def acquire(self, tenant: str | None, now: float, count: int = 1) -> Refusal | None:
-        usage = self._usage.setdefault(tenant, _TenantUsage())
-        while usage.starts and usage.starts[0] <= now - self.window_s:
-            usage.starts.popleft()
-        if self.max_concurrent and usage.in_flight + count > self.max_concurrent:
+        in_flight = self._in_flight.get(tenant, 0)
+        if self.max_concurrent and in_flight + count > self.max_concurrent:
             return Refusal(
                 429,
                 "rate_limit_exceeded",
@@ -158,31 +157,46 @@ class TenantLimiter:
                 "retry when one finishes.",
                 1.0,
             )
-        if self.turns_per_minute and len(usage.starts) + count > self.turns_per_minute:
-            expiring = min(len(usage.starts) + count - self.turns_per_minute, len(usage.starts)) - 1
-            wait = (usage.starts[expiring] + self.window_s - now) if expiring >= 0 else self.window_s
+        if self.turns_per_minute:
+            refusal = self._started(tenant, now, count)
+            if refusal is not None:
+                return refusal
+        self._in_flight[tenant] = in_flight + count
+        return None
+
+    def _started(self, tenant: str | None, now: float, count: int) -> Refusal | None:
+        """`count` starts at `now` in the tenant's window, or the refusal when it has no room for them."""
+        starts = self._starts.get(tenant)
+        if starts is None:
+            starts = self._starts[tenant] = deque()
+        while starts and starts[0] <= now - self.window_s:
+            starts.popleft()
+        if len(starts) + count > self.turns_per_minute:
+            expiring = min(len(starts) + count - self.turns_per_minute, len(starts)) - 1
+            wait = (starts[expiring] + self.window_s - now) if expiring >= 0 else self.window_s
             return Refusal(
                 429,
                 "rate_limit_exceeded",
                 f"At most {self.turns_per_minute} responses per minute for this API key; retry in {wait:.1f} s.",
                 wait,
             )
-        usage.in_flight += count
-        if self.turns_per_minute:
-            usage.starts.extend([now] * count)
+        starts.extend([now] * count)
         return None
 
     def release(self, tenant: str | None, count: int = 1) -> None:
-        usage = self._usage.get(tenant)
-        if usage is None:
+        in_flight = self._in_flight.get(tenant)
+        if in_flight is None:
             return
-        usage.in_flight -= count
-        if usage.in_flight <= 0 and not usage.starts:
-            del self._usage[tenant]
+        if in_flight > count:
+            self._in_flight[tenant] = in_flight - count
+            return
+        del self._in_flight[tenant]
+        starts = self._starts.get(tenant)
+        if starts is not None and not starts:
+            del self._starts[tenant]
 
     def in_flight(self, tenant: str | None) -> int:
-        usage = self._usage.get(tenant)
-        return usage.in_flight if usage else 0
+        return self._in_flight.get(tenant, 0)
 
 
 @dataclass

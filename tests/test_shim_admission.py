@@ -10,11 +10,14 @@ import asyncio
 import json
 import time
 import weakref
+from collections import deque
 from typing import Any
 
 import httpx2
 import pytest
 import websockets
+from hypothesis import given
+from hypothesis import strategies as st
 from support.wire import API_KEY, MODEL, only_connection, ws_url
 from websockets.asyncio.client import connect as ws_connect
 
@@ -82,7 +85,69 @@ def test_a_tenant_with_nothing_in_flight_and_no_window_is_forgotten():
     limiter = TenantLimiter(max_concurrent=5)
     limiter.acquire("a", 0.0)
     limiter.release("a")
-    assert limiter._usage == {}
+    assert limiter._in_flight == {} and limiter._starts == {}
+
+
+class _RecordLimiter:
+    """`TenantLimiter` as it was before its counts became plain ints: a record per tenant, its window always kept."""
+
+    def __init__(self, max_concurrent: int, turns_per_minute: int) -> None:
+        self.max_concurrent, self.turns_per_minute, self.window_s = max_concurrent, turns_per_minute, 60.0
+        self.usage: dict[str | None, list[Any]] = {}  # [in flight, deque of starts]
+
+    def acquire(self, tenant: str | None, now: float, count: int) -> tuple[Any, ...] | None:
+        usage = self.usage.setdefault(tenant, [0, deque()])
+        starts = usage[1]
+        while starts and starts[0] <= now - self.window_s:
+            starts.popleft()
+        if self.max_concurrent and usage[0] + count > self.max_concurrent:
+            return ("concurrent", 1.0)
+        if self.turns_per_minute and len(starts) + count > self.turns_per_minute:
+            expiring = min(len(starts) + count - self.turns_per_minute, len(starts)) - 1
+            return ("rate", (starts[expiring] + self.window_s - now) if expiring >= 0 else self.window_s)
+        usage[0] += count
+        if self.turns_per_minute:
+            starts.extend([now] * count)
+        return None
+
+    def release(self, tenant: str | None, count: int) -> None:
+        usage = self.usage.get(tenant)
+        if usage is not None:
+            usage[0] -= count
+            if usage[0] <= 0 and not usage[1]:
+                del self.usage[tenant]
+
+
+@given(
+    limits=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.sampled_from([None, "a", "b"]), st.integers(1, 3), st.floats(0, 40)), max_size=40
+    ),
+)
+def test_the_limiter_decides_as_a_record_per_tenant_did(limits: tuple[int, int], steps: list[Any]) -> None:
+    """Any run of acquires and releases (each release one an acquire admitted): the same refusals, with the same
+    waits, and the same counts in flight."""
+    limiter, record = TenantLimiter(*limits), _RecordLimiter(*limits)
+    admitted: list[tuple[str | None, int]] = []
+    now = 0.0
+    for acquires, tenant, count, later in steps:
+        now += later
+        if acquires or not admitted:
+            refusal = limiter.acquire(tenant, now, count)
+            expected = record.acquire(tenant, now, count)
+            assert (refusal is None) == (expected is None)
+            if refusal is None:
+                admitted.append((tenant, count))
+            else:
+                assert refusal.retry_after_s == expected[1]
+                assert ("in flight" in refusal.message) == (expected[0] == "concurrent")
+        else:
+            tenant, count = admitted.pop(0)
+            limiter.release(tenant, count)
+            record.release(tenant, count)
+        for name in (None, "a", "b"):
+            expected_in_flight = record.usage[name][0] if name in record.usage else 0
+            assert limiter.in_flight(name) == expected_in_flight
 
 
 # --- probes over a real server -------------------------------------------------------------------
