@@ -16,7 +16,7 @@ from typing import Any, cast
 from . import metrics
 from .backends.base import BackendRequest, Carry, Delta, Routed, TextDelta, ToolCallDelta, Usage
 from .batches import Emit, Send, pulled, unsent
-from .checks import CheckRefused, PendingChecks, gated
+from .checks import NOTHING_PENDING, CheckRefused, PendingChecks, gated
 from .eager import on_task, on_task_for
 from .errors import APIError, BackendError
 from .event_frames import ResponseFrames
@@ -117,11 +117,17 @@ class Turn:
         return cast(AsyncGenerator[list[Event], None], pulled(self.run))
 
     async def run(
-        self, emit: Emit, send: Send, started: Callable[[str], object] | None = None, *, encoded: bool = False
+        self,
+        emit: Emit,
+        send: Send,
+        started: Callable[[str, str | None], SteerSlot | None] | None = None,
+        *,
+        encoded: bool = False,
     ) -> None:
         """Run the response, pushing its events in batches of those ready together to `emit`, which sends one at
-        once when it can, else to `send`, awaited; `started` gets the response's id before its first batch;
-        `encoded`: a message's and the Response object's as the WebSocket sends them (`event_frames`).
+        once when it can, else to `send`, awaited; `started` gets the response's id and lane before its first
+        batch, and gives the slot its steering is queued in (`Steering.begin`); `encoded`: a message's and the
+        Response object's as the WebSocket sends them (`event_frames`).
 
         The batches: the start, with a reply ready at once (`_walked`), each delta's when they stream, the
         close, the end (after the close when the store is awaited). A layer per event, or a generator to pull
@@ -130,16 +136,19 @@ class Turn:
         whatever `emit` and `send` raise.
         """
         self._encoded = encoded
-        await self.prepare()
         plan = self._plan
-        assert plan is not None
-        checks = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
+        if plan is None:  # `prepare`'s work, without its coroutine (~1,000 instructions)
+            plan = self._plan = await plan_turn(self.request, self.env, self.cache, self.tenant, self.result, self.memo)
+        checks = NOTHING_PENDING
+        if plan.later_checks:
+            checks = PendingChecks.start(plan.later_checks, plan.prior_checks, plan.prior_output, plan.new_items)
         counter = self.env.token_counter(self.request.model)
-        plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
+        if counter is not None:  # else the plan's count of nothing stands
+            plan.counting = TokenCount.start(counter, plan.previous, plan.new_messages, self.request.instructions)
         try:
             batch = self._start(plan)
             if started is not None:
-                started(cast(str, self.response_id))
+                self.steering = started(cast(str, self.response_id), self.seq.stream_id)
             assembler = self._assembler = OutputAssembler(self.seq, encoded=self._encoded)
             steered = False
             stages = self.result.stages
@@ -189,8 +198,10 @@ class Turn:
             self.env.running.ended(self.response_id)
             if self.response_id is not None and self.result.response is None:
                 self._abandoned(plan)
-            checks.cancel()
-            plan.counting.cancel()
+            if checks is not NOTHING_PENDING:
+                checks.cancel()
+            if counter is not None:
+                plan.counting.cancel()
 
     def _walked(
         self, ready: Sequence[Delta], plan: TurnPlan, assembler: OutputAssembler, held: list[Sent]

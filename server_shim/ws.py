@@ -326,6 +326,11 @@ class ResponsesConnection:
             self._gone()
         return True
 
+    async def send_all(self, events: list[dict[str, Any] | bytes]) -> None:
+        """`send` each of `events` in order: a turn's batch that `sent_at_once` could not send."""
+        for event in events:
+            await self.send(event)
+
     async def send(self, event: dict[str, Any] | bytes) -> None:
         if self.sent_at_once([event]):
             return

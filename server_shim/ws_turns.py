@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocketDisconnect
 
 from .errors import APIError, internal_error, previous_response_in_progress
-from .events import Sent
 from .items import normalize_input
 from .requests import CreateRequest
-from .steer import Steer, SteerSlot, steered_input
+from .steer import Steer, steered_input
 from .turn import Turn
 from .ws_frames import with_lane
 
@@ -29,28 +28,49 @@ log = logging.getLogger("server_shim.ws")
 async def run_turn(
     conn: ResponsesConnection, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None = None
 ) -> None:
-    """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor."""
+    """Run one response: an explicit one (steering pending on its parent prepended) or a steered successor.
+
+    One coroutine from the tenant's limit to the turn's end (a coroutine layer between costs ~1,000
+    instructions a turn); what does not wait is in plain functions (`_turn`)."""
     parent = request.previous_response_id
     if parent is not None and parent in conn.steering.active and parent not in conn.cache:
         await conn.send(with_lane(previous_response_in_progress(parent).event(), stream_id))
         return
-    refusal = conn.shim.limiter.acquire(conn.tenant, conn.shim.clock())
+    limiter = conn.shim.limiter
+    refusal = limiter.acquire(conn.tenant, conn.shim.clock())
     if refusal is not None:
         await conn.send(with_lane(refusal.api_error().event(), stream_id))
         return
     try:
-        turn, slot = await _stream_turn(conn, request, stream_id, successor_of)
+        turn, steers = _turn(conn, request, stream_id, successor_of)
+        try:
+            await turn.run(conn.sent_at_once, conn.send_all, conn.steering.begin, encoded=True)
+        except APIError as error:
+            if not steers:
+                await conn.send(with_lane(error.event(), stream_id))
+            for steer in steers:  # the input could not be committed: returned, with why
+                await conn.send(conn.steering.failed(steer, "successor_creation_failed", error.message, stream_id))
+        except WebSocketDisconnect:
+            raise
+        except Exception:
+            log.exception("turn failed unexpectedly")
+            await conn.send(with_lane(internal_error().event(), stream_id))
+        finally:
+            conn.shim.record_turn(turn)
     finally:
-        conn.shim.limiter.release(conn.tenant)
+        limiter.release(conn.tenant)
+    slot = turn.steering
     if slot is not None:
         events, successor = conn.steering.end(slot, turn.result.response)
         if events or successor:  # most responses: nothing was steered, nothing to await
             await _after_steerable(conn, turn, events, successor, stream_id)
 
 
-async def _stream_turn(
+def _turn(
     conn: ResponsesConnection, request: CreateRequest, stream_id: str | None, successor_of: list[Steer] | None
-) -> tuple[Turn, SteerSlot | None]:
+) -> tuple[Turn, list[Steer]]:
+    """The turn for `request`, with the steering it commits: the successor's, or what was pending on its parent
+    (prepended to its input)."""
     steers = successor_of
     if steers is None:
         steers = conn.steering.take_pending(request.previous_response_id)
@@ -66,29 +86,7 @@ async def _stream_turn(
         memo=conn.memo,
     )
     turn.result.trace_carrier = conn.trace_carrier
-
-    def started(response_id: str) -> None:
-        turn.steering = conn.steering.begin(response_id, stream_id)
-
-    async def send(batch: list[Sent]) -> None:
-        for event in batch:
-            await conn.send(event)
-
-    try:
-        await turn.run(conn.sent_at_once, send, started, encoded=True)
-    except APIError as error:
-        if not steers:
-            await conn.send(with_lane(error.event(), stream_id))
-        for steer in steers:  # the input could not be committed: returned, with why
-            await conn.send(conn.steering.failed(steer, "successor_creation_failed", error.message, stream_id))
-    except WebSocketDisconnect:
-        raise
-    except Exception:
-        log.exception("turn failed unexpectedly")
-        await conn.send(with_lane(internal_error().event(), stream_id))
-    finally:
-        conn.shim.record_turn(turn)
-    return turn, turn.steering
+    return turn, steers
 
 
 async def _after_steerable(
