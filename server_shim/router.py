@@ -73,6 +73,9 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.deployments = {d.name: d for d in deployments}
+        self._served = frozenset(alias for d in deployments for alias in d.models)
+        """Every alias some deployment names (`WILDCARD` among them when one serves any): `serves_model`, asked every
+        turn, is then one set lookup or two rather than a `Deployment.serves` call per deployment."""
         self._scoped = [d.backend for d in deployments if isinstance(d.backend, ConnectionScoped)]
         """The backends that keep state per connection, found once (deployments are made with the router)."""
         self.routing = routing
@@ -106,10 +109,8 @@ class Router:
         return sorted(aliases)
 
     def serves_model(self, alias: str) -> bool:
-        for deployment in self.deployments.values():  # noqa: SIM110 - not any() over a generator: asked every turn
-            if deployment.serves(alias):
-                return True
-        return False
+        """Whether some deployment `serves` this alias."""
+        return alias in self._served or WILDCARD in self._served
 
     def hosted_policy(self, alias: str, sticky: str | None) -> str:
         """The hosted-tool policy of the deployment a turn will most likely run on."""

@@ -334,19 +334,21 @@ _tool_plan = functools.partial(tuple.__new__, ToolPlan)
 def plan_tools(
     request: CreateRequest,
     previous: ResponseState | None,
-    policy: Callable[[], str],
+    policy: Callable[[str, str | None], str],
+    sticky: str | None,
     labels: dict[str, str],
     notices: set[str],
 ) -> ToolPlan:
-    """Check the request's tools and `tool_choice` and apply the deployment's hosted-tool `policy` (asked only
-    when there are hosted tools): `refuse` raises `unsupported_tool`, `drop` labels the response and logs once
-    per connection (`notices`), `pass` sends them on to an upstream that runs them."""
+    """Check the request's tools and `tool_choice` and apply the hosted-tool `policy` of the deployment the model
+    and `sticky` route go to (asked only when there are hosted tools): `refuse` raises `unsupported_tool`, `drop`
+    labels the response and logs once per connection (`notices`), `pass` sends them on to an upstream that runs
+    them."""
     given = request.tools or []
     chat = previous.chat_tools if previous is not None and previous.tools == given else chat_tools(given)
     sent, _ = chat_tool_choice(request.tool_choice, chat)  # raises for a choice naming no tool
     backend = given or None
     if chat.dropped:
-        decided = policy()
+        decided = policy(request.model, sticky)
         if decided == "refuse":
             index = next(i for i, tool in enumerate(given) if tool["type"] in chat.dropped)
             raise invalid(

@@ -9,7 +9,6 @@ the store only once the request is accepted).
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Set
 
 from .backends.chat_convert import render_items
@@ -86,13 +85,8 @@ async def plan_turn(
         result.plugin_s["check"] = 0.0
     new_items = outcome.items
     sticky = previous.deployment if previous else None
-    tools = plan_tools(
-        request,
-        previous,
-        functools.partial(env.hosted_policy, request.model, sticky),
-        labels,
-        cache.notices if cache is not None else set(),
-    )
+    notices = cache.notices if cache is not None else set()
+    tools = plan_tools(request, previous, env.hosted_policy, sticky, labels, notices)
     base = previous.history if previous else History()
     result.new_items = len(new_items)
     new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
@@ -114,7 +108,7 @@ async def plan_turn(
         len(base) if sent is history else 0,  # previous_items
         previous.deployment if previous else None,  # deployment
         previous.carry if previous and sent is history else {},  # carry
-        labels | outcome.labels,  # labels
+        labels | outcome.labels if outcome.labels else labels,  # labels (the turn's own dict: none but checks' found)
         tools.backend,  # backend_tools
         base.held,  # base_held
         derived,

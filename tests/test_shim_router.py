@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from server_shim.backends import BackendRequest, SimulatedBackend, TextDelta
 from server_shim.backends.base import Delta, Routed
@@ -297,3 +299,23 @@ async def test_a_closed_connection_is_released_by_every_deployment_that_keeps_st
     r = router(scoped, plain, also)
     await r.release("conn_1")
     assert scoped.released == also.released == ["conn_1"]
+
+
+@given(
+    st.lists(st.lists(st.sampled_from(["m", "n", "*", "o"]), max_size=3), min_size=1, max_size=3),
+    st.sampled_from(["m", "n", "o", "*", "p", ""]),
+)
+def test_serves_model_is_any_deployment_serving(models: list[list[str]], alias: str) -> None:
+    """`serves_model` reads the aliases gathered once: the same answer as asking each deployment (`serves`)."""
+    config = RoutingConfig()
+    deployments = [
+        Deployment(
+            name=f"d{i}",
+            backend=Flaky(f"d{i}"),
+            models={name: name for name in names},
+            health=Health(config.failure_threshold, config.cooldown_s, config.ewma_alpha),
+        )
+        for i, names in enumerate(models)
+    ]
+    routed = Router(deployments, config)
+    assert routed.serves_model(alias) == any(d.serves(alias) for d in deployments)
