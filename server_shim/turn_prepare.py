@@ -38,6 +38,9 @@ from .turn_plan import (
 )
 from .turn_settings import Derived, SettingsMemo
 
+NO_CALLS: frozenset[str] = frozenset()
+"""The call ids a string input introduces."""
+
 
 async def plan_turn(
     request: CreateRequest,
@@ -57,9 +60,13 @@ async def plan_turn(
     if previous is None and previous_id is not None:
         previous = await resolve_previous(previous_id, cache, env, tenant)
     stages.mark("resolve")
-    new_items = expand_compactions(normalize_input(request.input), env.compaction_key, tenant, env.limits)
+    raw = request.input
+    new_items = normalize_input(raw)
     known_calls: Set[str] = previous.call_ids if previous else frozenset()
-    introduced = validate_items(new_items, known_calls)
+    introduced: Set[str] = NO_CALLS
+    if raw.__class__ is not str:  # a string is one user message (`normalize_input`): no compaction, valid as it is
+        new_items = expand_compactions(new_items, env.compaction_key, tenant, env.limits)
+        introduced = validate_items(new_items, known_calls)
     large = is_large(len(new_items))
     if large:
         await asyncio.sleep(0)  # a large request gives way between its passes over the items
