@@ -97,7 +97,7 @@ def shim(tmp_path_factory: pytest.TempPathFactory, _redis_server: Any) -> Iterat
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_healthy(port, process, 30)
+    wait_healthy(port, process)
     env["_README_SHIM"] = f"127.0.0.1:{port}"
     env["_README_REDIS"] = f"127.0.0.1:{_redis_server.port}"
     yield env
@@ -159,7 +159,7 @@ def run_server(command: str, env: dict[str, str], block: Block) -> None:
         start_new_session=True,
     )
     try:
-        wait_healthy(port, process, 30)
+        wait_healthy(port, process)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)  # the server itself; with --workers it stops its children

@@ -59,7 +59,8 @@ def worker_pids(parent: int) -> list[int]:
     return pids
 
 
-def wait_healthy(port: int, process: subprocess.Popen[str], timeout: float = 20) -> None:
+def wait_healthy(port: int, process: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until `serve` answers `/healthz`: its start-up imports take seconds, many more on a loaded machine."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
