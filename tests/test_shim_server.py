@@ -15,7 +15,7 @@ from support.wire import API_KEY, MODEL, completed_ok, read_turn, run_turn, ws_u
 from websockets.asyncio.client import connect as ws_connect
 from websockets.frames import Frame, Opcode
 
-from server_shim import BackgroundServer, Settings, create_app
+from server_shim import BackgroundServer, Settings, create_app, ws_protocol
 from server_shim.ws_protocol import ShimWebSocketProtocol, text_frame_header
 
 
@@ -136,6 +136,14 @@ def test_the_fast_path_frame_header_is_what_websockets_writes(size):
     payload = b"x" * size
     expected = Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[])
     assert text_frame_header(size) + payload == expected
+
+
+def test_the_headers_made_ahead_are_what_websockets_writes_for_every_size_they_cover():
+    """`send_texts_now` takes a frame's header from the table below `_HEADERS_MADE` bytes, and packs it above."""
+    for size in range(ws_protocol._HEADERS_MADE + 1):
+        expected = Frame(Opcode.TEXT, b"x" * size).serialize(mask=False, extensions=[])
+        header = ws_protocol._HEADERS[size] if size < ws_protocol._HEADERS_MADE else text_frame_header(size)
+        assert header + b"x" * size == expected
 
 
 async def test_events_of_every_frame_length_arrive_whole_through_the_fast_path(make_server):
