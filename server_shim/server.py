@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -159,12 +160,25 @@ def serve(loaded: Loaded, *, log_level: str = "info", workers: int = 1) -> int:
         serve_workers(loaded, sock, log_level=log_level, workers=workers)
         return 0
     app = create_app(settings, config=loaded.config, keys=loaded.keys)
-    freeze_startup_heap()
+    tune_interpreter()
     config = uvicorn_config(app, settings, log_level=log_level, log_config=uvicorn_log_config())
     server = ShimServer(config, app.state.shim)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after its graceful shutdown
         asyncio.run(server.serve(sockets=[sock]))
     return 0
+
+
+GIL_SWITCH_S = 0.0005
+"""How long a thread keeps the GIL while another waits for it (CPython's default: 5 ms). The usage ledger
+writes its SQLite rows in a thread: each time the event loop gives the GIL up for a system call (epoll, a
+socket write), that thread could keep it up to 5 ms, and every turn in flight waited. At 128 busy
+connections (`python -m benchmarks load --clients 128`, three runs each, side by side): p99 61.7 -> 47.4 ms."""
+
+
+def tune_interpreter() -> None:
+    """A serving process's interpreter: the start-up heap frozen, the GIL handed over sooner (`GIL_SWITCH_S`)."""
+    freeze_startup_heap()
+    sys.setswitchinterval(GIL_SWITCH_S)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -239,7 +253,7 @@ def worker_app() -> Starlette:
         tracing.enable()
     metrics.on_worker_exit()
     app = create_app(settings, config=ShimConfig.model_validate(setup["config"]))
-    freeze_startup_heap()
+    tune_interpreter()
     return app
 
 
