@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from . import metrics
 from .backends.base import Backend, BackendRequest, Carry, Routed
+from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import Check, CheckOutcome
 from .compaction import PROCESS_KEY
@@ -96,11 +97,16 @@ class TurnPlan:
     prior_checks: dict[str, Any] = field(default_factory=dict)
     prior_output: list[Item] = field(default_factory=list)
     later_checks: list[Check] = field(default_factory=list)
-    new_messages: list[dict[str, Any]] = field(default_factory=list)
     previous: ResponseState | None = None
     counting: TokenCount = NOT_COUNTED
     """Set when the turn runs (`TokenCount.start`)."""
     tokens: tuple[str, int] | None = None
+
+    @property
+    def new_messages(self) -> list[dict[str, Any]]:
+        """The new items as chat messages: what a token count tokenizes (`tokens.py`), rendered only when a model
+        has a counter (none by default: ~3,000 instructions a turn for nothing)."""
+        return render_items(self.new_items)
 
     def route(self, delta: Carry | Routed) -> None:
         """What the backend decided for the conversation's next turn."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Set
 
-from .backends.chat_convert import render_items
 from .callids import with_calls
 from .checks import CheckOutcome, prepare_checks
 from .compaction import expand_compactions
@@ -96,7 +95,6 @@ async def plan_turn(
     tools = plan_tools(request, previous, env.hosted_policy, sticky, labels, notices)
     base = previous.history if previous else History()
     result.new_items = len(new_items)
-    new_messages = render_items(new_items)  # what the token count tokenizes (`tokens.py`)
     batch = tuple(new_items)
     history = base.extend(batch, await batch_held(batch) if large else None)
     check_conversation_bytes(history.items_held, env.limits)  # the items, whichever backend renders them
@@ -129,7 +127,6 @@ async def plan_turn(
         prior_checks,
         prior_output,
         later,  # later_checks
-        new_messages,
         previous,
     )
     if previous is not None and cache is not None and previous.id not in cache:
