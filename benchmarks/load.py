@@ -1,7 +1,8 @@
 """Suite `load`: many concurrent WebSocket clients, each a chain of turns, against one shim process.
 
 The shim runs in a child process (`responses-ws serve`, simulated backend, no pacing), a fresh
-one per level so each level's RSS is its own. At each level, N clients open their connection
+one per level so each level's RSS is its own, its usage ledger a new SQLite file (an empty table each
+run, whichever checkout serves it). At each level, N clients open their connection
 first; then all run T chained turns at once (`previous_response_id`, `store: false`, 4 output
 tokens), each turn timed from its send to its `response.completed`. Clients are lean (raw
 `websockets`, events told apart by prefix, only the terminal event parsed).
@@ -37,6 +38,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -111,10 +113,14 @@ async def _sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 0.05)
 
 
-def server_env(allocator: str, checkout: Path | None = None) -> dict[str, str]:
+def server_env(allocator: str, checkout: Path | None = None, usage_dir: Path | None = None) -> dict[str, str]:
     """The server child's environment for a CPython allocator (`default`: without `PYTHONMALLOC`, as a bare `serve`),
-    serving `checkout`'s `server_shim` when one is named."""
+    serving `checkout`'s `server_shim` when one is named, its usage ledger a new SQLite file in `usage_dir` when one
+    is named (and `RESPONSES_WS_USAGE_PATH` is not set): every run starts from an empty ledger, whatever earlier runs
+    or another checkout's table left in the default one."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    if usage_dir is not None:
+        environment.setdefault("RESPONSES_WS_USAGE_PATH", str(usage_dir / "usage.db"))
     if checkout is not None:
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), environment.get("PYTHONPATH")]))
     return environment if allocator == "default" else {**environment, "PYTHONMALLOC": allocator}
@@ -164,14 +170,15 @@ async def level(
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/responses"
     log = out_dir / "logs" / f"load-{clients}-{allocator}{'-' + checkout.name if checkout else ''}.log"
+    usage_dir = tempfile.TemporaryDirectory(prefix="load-usage-")
     child = Subprocess(
         shim_command(port),
         ready_url=f"http://127.0.0.1:{port}/healthz",
         log_path=log,
-        env=server_env(allocator, checkout),
+        env=server_env(allocator, checkout, Path(usage_dir.name)),
         cwd=checkout,
     )
-    with child as server:
+    with usage_dir, child as server:
         warm = await _open(url)
         for n in range(3):
             await _turn(warm, f"warm {n}", None)
