@@ -21,6 +21,7 @@ from support.wire import OPENAI_MAJOR
 
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
+from ws_transport.httpx_transport import _close_at_exit
 from ws_transport.session import SessionState
 from ws_transport.wrap import prepare
 
@@ -157,7 +158,55 @@ def test_a_dropped_sync_client_takes_its_thread_with_it(server: BackgroundServer
     assert thread is not None
     del client
     gc.collect()
+    thread.join(5)  # the finalizer scheduled the close: the keeper runs it within its idle second
     assert not thread.is_alive()
+    assert eventually(lambda: not server.shim.connections)
+
+
+@pytest.mark.timeout(20)
+def test_a_sync_client_collected_while_its_portal_is_locked_closes_later_without_waiting(
+    server: BackgroundServer,
+) -> None:
+    """Garbage collection runs where an allocation happens, a region holding the portal's lock included (a
+    thread taking or giving back its loop). A dropped client's finalizer that waited on its portal there took
+    that lock again: the thread hung for good. The collection is forced at that moment: the portal's clock is
+    read under its lock as a call gives the loop back."""
+    client = ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    client.responses.create(model=MODEL, input="hello")
+    portal = client._client._transport.portal
+    thread = portal_thread(client)
+    assert thread is not None and server.shim.connections
+    me, clock = threading.get_ident(), portal.clock
+
+    def collecting_clock() -> float:
+        if threading.get_ident() == me:
+            portal.clock = clock
+            gc.collect()  # the dropped client's finalizer runs here, the portal's lock held by this thread
+        return clock()
+
+    gc.disable()  # the client is collected in the locked region, not before
+    try:
+        del client
+        portal.clock = collecting_clock
+        portal.call(asyncio.sleep(0))
+    finally:
+        gc.enable()
+    assert portal.clock is clock, "the collection ran under the lock"
+    thread.join(5)
+    assert not thread.is_alive(), "the keeper closed the session and ended"
+    assert eventually(lambda: not server.shim.connections)
+
+
+def test_a_sync_client_left_open_is_closed_at_exit_waited_for(server: BackgroundServer) -> None:
+    """A dropped client's finalizer only schedules its close; one still alive at exit is closed as `close()` does
+    (the keeper is a daemon thread: a close left to it could be cut short)."""
+    client = ws_transport.wrap(OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    client.responses.create(model=MODEL, input="hello")
+    thread = portal_thread(client)
+    assert thread is not None and thread.is_alive()
+    _close_at_exit()
+    assert not thread.is_alive()
+    assert eventually(lambda: not server.shim.connections)
 
 
 async def test_async_close_leaves_no_task_behind(server: BackgroundServer) -> None:

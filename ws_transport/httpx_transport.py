@@ -12,6 +12,7 @@ sync client the session runs on a private loop, run by the calling thread (see `
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import weakref
 from typing import Any, Generic, TypedDict, TypeVar
@@ -213,7 +214,9 @@ class WebSocketTransport(_Router[httpx2.BaseTransport], *_http.bases("BaseTransp
     ) -> None:
         super().__init__(inner, **session)
         self.portal = portal or Portal()
-        self._shutdown = weakref.finalize(self, _shutdown, self.portal, self.session)
+        self._dropped = weakref.finalize(self, _close_later, self.portal, self.session)
+        self._dropped.atexit = False  # at exit the sockets are closed as `close()` closes them (`_close_at_exit`)
+        _open.add(self)
 
     @staticmethod
     def _plain(http: Any) -> httpx2.BaseTransport:
@@ -233,7 +236,9 @@ class WebSocketTransport(_Router[httpx2.BaseTransport], *_http.bases("BaseTransp
         return self._inner_for(request).handle_request(attempts[-1])
 
     def close(self) -> None:
-        self._shutdown()
+        """Close the sockets on their loop, waited for, then stop its keeper thread (unless dropped before)."""
+        if self._dropped.detach() is not None:
+            _shutdown(self.portal, self.session)
         if self.inner is not None:
             self.inner.close()
 
@@ -250,8 +255,23 @@ def _on_this_thread(response: httpx2.Response, portal: Portal) -> httpx2.Respons
     )
 
 
+_open: weakref.WeakSet[WebSocketTransport] = weakref.WeakSet()
+"""The sync transports alive: closed at exit (the keeper is a daemon thread)."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for transport in list(_open):
+        transport.close()
+
+
+def _close_later(portal: Portal, session: Session) -> None:
+    """A dropped transport's finalizer: its session closed on the loop, without waiting (`Portal.close_later`)."""
+    portal.close_later(session.aclose())
+
+
 def _shutdown(portal: Portal, session: Session) -> None:
-    """Close the sockets on their loop, then stop its keeper thread; runs once (close() or garbage collection)."""
+    """Close the sockets on their loop, then stop its keeper thread."""
     try:
         if portal.running:
             portal.call(session.aclose(), timeout=10)

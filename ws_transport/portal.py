@@ -151,6 +151,8 @@ class Portal:
                     self._changed.wait(wait)
                 if self._own.stopped:
                     self._changed.notify_all()
+                    if self._own.driver is None:  # stopped from the loop (a finalizer's close): nobody joins the keeper
+                        loop.close()
                     return
             try:
                 loop.run_forever()
@@ -177,12 +179,39 @@ class Portal:
         if loop is None or self._own.stopped:
             coro.close()
         elif self._runs_the_loop(get_ident(), running_loop()):
-            task = loop.create_task(coro)
-            self._detached.add(task)
-            task.add_done_callback(self._detached.discard)
+            self._detach(coro)
         else:
             with contextlib.suppress(SessionClosed):  # stopped meanwhile: the loop's sockets are closed
                 self.call(coro)
+
+    def close_later(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` on the loop, then stop: what a finalizer does. Garbage collection runs finalizers wherever an
+        allocation happens, a region holding this portal's lock included (a thread taking or giving back the loop),
+        so this takes no lock and waits for nothing: the loop's driver runs it, or the keeper within `idle_s`."""
+        loop = self._loop
+        if loop is None or self._own.stopped:
+            coro.close()
+            return
+        try:
+            loop.call_soon_threadsafe(self._close_on_loop, coro)
+        except RuntimeError:  # the loop was closed meanwhile: stopped, its sockets with it
+            coro.close()
+
+    def _close_on_loop(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._detach(self._then_stop(coro))
+
+    async def _then_stop(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        finally:
+            self.stop()
+
+    def _detach(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` as a task on the loop (this thread runs it), kept until it ends."""
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     def stop(self) -> None:
         """Stop the keeper and close the loop (once whoever runs it is done with it)."""
