@@ -158,13 +158,14 @@ def parse_faster(client: Client) -> None:
     variants tried per event): most of a streamed turn's client CPU. The client's own method is
     replaced on the instance, so `Stream` and the SDK's HTTP pipeline use it too."""
     sdk_parser = client._process_response_data
+    parse_event = parsing.union_parser(ResponseStreamEvent)
 
     def process_response_data(*, data: object, cast_to: Any, response: Any) -> Any:
         if not client._strict_response_validation:
             if cast_to is Response:
                 parsed = parsing.parse(Response, data)
             elif cast_to is ResponseStreamEvent:
-                parsed = parsing.parse_union(ResponseStreamEvent, data)
+                parsed = parse_event(data)
             else:
                 parsed = None
             if parsed is not None:

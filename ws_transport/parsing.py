@@ -36,6 +36,7 @@ import inspect
 import logging
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -146,22 +147,41 @@ def _built(build: Any) -> SchemaValidator | None:
 
 def parse_union(union: Any, data: Any) -> Any:
     """A value of the union type `union` (the SDK's stream events) made of `data` as the SDK's parser makes it,
-    or None where only that parser knows how.
+    or None where only that parser knows how (`union_parser(union)(data)`).
 
     For a union the SDK's parser is pydantic: it validates `data` against the whole union (leniently)
     and constructs a variant only when that fails. The same validation with the union tagged gives
     the same object (only the variant the `type` names can fit); a failure is left to the SDK.
     """
-    validator = _union_validator(union)
-    if validator is None or type(data) is not dict:
-        return None
-    try:
-        return validator.validate_python(data)
-    except pydantic.ValidationError:
-        return None
+    return union_parser(union)(data)
 
 
 @functools.cache
+def union_parser(union: Any) -> Callable[[Any], Any]:
+    """`parse_union` for one union, to look up once and call per value: finding the cached validator by the
+    union hashes the SDK's event union (a typing object of ~60 variants), ~17k instructions, more than a
+    small event's validation."""
+    validator = _union_validator(union)
+    if validator is None:
+        return _left_to_the_sdk
+    validate = validator.validate_python
+
+    def parse(data: Any) -> Any:
+        if type(data) is not dict:
+            return None
+        try:
+            return validate(data)
+        except pydantic.ValidationError:
+            return None
+
+    return parse
+
+
+def _left_to_the_sdk(data: Any) -> None:
+    """The parser of a union with no fast validator: every value goes to the SDK's parser."""
+    return None
+
+
 def _union_validator(union: Any) -> SchemaValidator | None:
     """The validator of the union the SDK's parser validates (`Annotated` metadata off, a type alias kept), tagged."""
     target = union
