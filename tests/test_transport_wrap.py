@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import gc
 import logging
@@ -207,6 +208,98 @@ def test_a_sync_client_left_open_is_closed_at_exit_waited_for(server: Background
     _close_at_exit()
     assert not thread.is_alive()
     assert eventually(lambda: not server.shim.connections)
+
+
+@pytest.fixture(scope="module")
+def paced() -> Iterator[BackgroundServer]:
+    """A shim whose replies take a while (10 tokens/s): a turn is still running when something else happens."""
+    settings = Settings(simulated_tokens_per_s=10)
+    with BackgroundServer(create_app(settings), settings) as running:
+        yield running
+
+
+def ctrl_c_at(kind: str, who: str) -> Any:
+    """An observer that presses Ctrl-C (SIGINT, on the main thread) when the turn `who` (its metadata) reads its
+    event `kind`, on the loop, while the main thread runs it; it notes the thread each such event was read on."""
+    seen: list[threading.Thread] = []
+    lanes: dict[str | None, str] = {}
+
+    def observe(event: dict[str, Any]) -> None:
+        response = event.get("response") or {}
+        lane = event.get("stream_id")
+        if response:
+            lanes[lane] = (response.get("metadata") or {}).get("who", "")
+        if event["type"] == kind and lanes.get(lane) == who:
+            seen.append(threading.current_thread())
+            if len(seen) == 1 and threading.current_thread() is threading.main_thread():
+                signal.raise_signal(signal.SIGINT)
+
+    observe.seen = seen  # type: ignore[attr-defined]
+    return observe
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_while_the_loop_runs_another_threads_turn_interrupts_only_the_callers_turn(
+    paced: BackgroundServer,
+) -> None:
+    """Ctrl-C lands on the main thread wherever it is: here while its loop runs a turn handed to it by another
+    thread. The main thread's call ends with `KeyboardInterrupt`, the other thread's turn completes, and the
+    client's next call works. Before: the interrupt was raised inside the other thread's turn (that thread got
+    `KeyboardInterrupt`), and out of the main thread's loop."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    observe = ctrl_c_at("response.created", "other")
+    other: list[Any] = []
+
+    def other_turn() -> None:
+        try:
+            other.append(
+                client.responses.create(model=MODEL, input="b", max_output_tokens=5, metadata={"who": "other"})
+            )
+        except BaseException as exc:
+            other.append(exc)
+
+    def start_other(event: dict[str, Any]) -> None:
+        observe(event)
+        if event["type"] == "response.created" and not thread.ident:
+            thread.start()  # handed to the main thread, which runs the loop for its own 5 s turn
+
+    thread = threading.Thread(target=other_turn)
+    client = ws_transport.wrap(OpenAI(base_url=paced.base_url, api_key="k", max_retries=0), on_event=start_other)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.responses.create(model=MODEL, input="a", max_output_tokens=50, metadata={"who": "main"})
+        thread.join(10)
+        assert observe.seen == [threading.main_thread()], "the other thread's turn ran on the main thread's loop"
+        assert len(other) == 1 and isinstance(other[0], Response) and other[0].status == "completed", other
+        assert client.responses.create(model=MODEL, input="c", max_output_tokens=2).status == "completed"
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_while_a_stream_waits_for_its_next_event_ends_that_call_and_the_next_call_works(
+    paced: BackgroundServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C (from another thread, as a terminal's is) while the main thread's loop waits for its stream's next
+    event: the iteration raises `KeyboardInterrupt` (not a read error, not a silent end), nothing is logged as an
+    error, and the next streamed call reads every event."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    client = ws_transport.wrap(OpenAI(base_url=paced.base_url, api_key="k", max_retries=0))
+    try:
+        events = iter(client.responses.create(model=MODEL, input="a", max_output_tokens=50, stream=True))
+        read = [next(events).type]
+        timer = threading.Timer(0.1, _thread.interrupt_main)  # the reply takes 5 s: the loop waits for its deltas
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            read.extend(event.type for event in events)
+        timer.join()
+        assert "response.completed" not in read
+        again = [e.type for e in client.responses.create(model=MODEL, input="b", max_output_tokens=2, stream=True)]
+        assert again[0] == "response.created" and again[-1] == "response.completed"
+        gc.collect()  # a task ended by an interrupt, its exception never asked for, logs an error when collected
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    finally:
+        client.close()
 
 
 async def test_async_close_leaves_no_task_behind(server: BackgroundServer) -> None:

@@ -17,14 +17,17 @@ A forked child starts with a loop of its own, so its session opens sockets of it
 
 from __future__ import annotations
 
+import _signal
 import asyncio
 import concurrent.futures
 import contextlib
 import os
+import signal
 import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _http
@@ -34,6 +37,11 @@ from .ownership import IDLE_S, KEEPER, Move, Ownership
 T = TypeVar("T")
 
 get_ident = threading.get_ident
+main_thread = threading.main_thread
+set_handler: Callable[[int, Any], Any] = _signal.signal
+get_handler: Callable[[int], Any] = _signal.getsignal
+"""The C functions: `signal.signal` and `signal.getsignal` convert to and from enums, ~10 us a call on 3.11."""
+SIGINT, default_int_handler = int(signal.SIGINT), signal.default_int_handler
 running_loop = asyncio.events._get_running_loop
 _portals: weakref.WeakSet[Portal] = weakref.WeakSet()
 _inherited: list[asyncio.AbstractEventLoop] = []
@@ -75,19 +83,42 @@ class Portal:
         return self._loop is not None
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on)."""
+        """`coro`'s result, waited for on this thread (`TimeoutError` after `timeout`; the coroutine runs on).
+
+        On the main thread, with Python's own Ctrl-C handler in place, Ctrl-C cancels this call and raises
+        `KeyboardInterrupt` once it has ended (`Interrupt`); a second Ctrl-C raises at once."""
         me, running = get_ident(), running_loop()
         if self._runs_the_loop(me, running):
             coro.close()
             raise RuntimeError("waiting on the portal from the thread running its loop would deadlock")
+        if me != main_thread().ident or get_handler(SIGINT) is not default_int_handler:
+            return self._call(me, running is None, coro, timeout, None)
+        interrupt = Interrupt()
+        set_handler(SIGINT, interrupt)
         try:
-            loop, move = self._take(me, can_drive=running is None)
+            return self._call(me, running is None, coro, timeout, interrupt)
+        finally:
+            set_handler(SIGINT, default_int_handler)
+            if interrupt.count:
+                raise KeyboardInterrupt from None  # the call was cancelled for it: this is its outcome
+
+    def _call(
+        self, me: int, can_drive: bool, coro: Coroutine[Any, Any, T], timeout: float | None, interrupt: Interrupt | None
+    ) -> T:
+        try:
+            loop, move = self._take(me, can_drive=can_drive)
         except BaseException:
             coro.close()
             raise
-        if move is Move.DRIVE:
-            return self._drive(loop, coro, timeout)
-        return Handoff(self, loop, coro).result(timeout)
+        if move is not Move.DRIVE:
+            handoff = Handoff(self, loop, coro)
+            if interrupt is not None:
+                interrupt.watch(handoff)
+            return handoff.result(timeout)  # type: ignore[no-any-return]
+        call = Call(self, loop, coro, driven=True)
+        if interrupt is not None:
+            interrupt.watch(call)
+        return self._drive(loop, call, timeout)  # type: ignore[no-any-return]
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Pending[T]:
         """`coro` to be run by `result()` (as `call` runs it), on the thread that asks for the result."""
@@ -114,12 +145,11 @@ class Portal:
                 self._changed.notify_all()  # nobody runs the loop and this thread cannot: the keeper must
             return loop, move
 
-    def _drive(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-        """Run the loop on this thread until `coro` is done (or `timeout` passed: the coroutine runs on)."""
-        call = Call(self, loop, coro, driven=True)
+    def _drive(self, loop: asyncio.AbstractEventLoop, call: Call, timeout: float | None) -> Any:
+        """Run the loop on this thread until `call` is done (or `timeout` passed: the coroutine runs on)."""
         late = None if timeout is None else loop.call_later(timeout, call.expire)
         try:
-            loop.create_task(call.run())
+            call.task = loop.create_task(call.run())
             while call.outcome is None and not call.expired:
                 loop.run_forever()  # stopped by the call's end (a stale stop asked of the keeper: run again)
         finally:
@@ -249,6 +279,7 @@ class Call:
         self.coro = coro
         self.driven = driven
         self.expired = False
+        self.task: asyncio.Task[None] | None = None
         self.outcome: tuple[bool, Any] | None = None
         """(True, the result) or (False, the exception), set as the coroutine ends."""
 
@@ -275,6 +306,14 @@ class Call:
         self.expired = True
         self.loop.stop()
 
+    def cancel_soon(self) -> None:
+        """Cancel the call's task on the loop (from any thread, a signal handler included)."""
+        self.loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
     def result(self) -> Any:
         """The coroutine's result or exception; `concurrent.futures.CancelledError` when its task was
         cancelled (as `run_coroutine_threadsafe`'s future reports it); `TimeoutError` when it has not ended."""
@@ -299,7 +338,7 @@ class Handoff(Call):
         loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
-        self.loop.create_task(self.run())
+        self.task = self.loop.create_task(self.run())
 
     def ended(self) -> None:
         super().ended()
@@ -310,6 +349,33 @@ class Handoff(Call):
             raise TimeoutError(f"the portal's call did not finish in {timeout} s")
         self._finished.release()  # finished for good: a later call answers at once
         return super().result()
+
+
+class Interrupt:
+    """Python's Ctrl-C handler while the main thread waits on the portal: the first Ctrl-C cancels the call.
+
+    Python's own handler raises `KeyboardInterrupt` wherever the main thread is, and while it runs the loop that
+    is anywhere on the loop: in another thread's call handed to it (which then raised it), in a socket's reader
+    (a read lost), between taking the loop and giving it back (nobody could run it again). As `asyncio.run`
+    does, the interrupt cancels the caller's call instead: its turn is given up as a cancelled task's is (its
+    socket retired if the response was under way: the next call opens another) and the caller gets
+    `KeyboardInterrupt` once it has ended. A second Ctrl-C raises at once (a call that does not end)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.call: Call | None = None
+
+    def watch(self, call: Call) -> None:
+        self.call = call
+        if self.count:
+            call.cancel_soon()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        if self.call is not None:
+            self.call.cancel_soon()
 
 
 class Pending(Generic[T]):
