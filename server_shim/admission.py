@@ -198,6 +198,10 @@ class TenantLimiter:
     def in_flight(self, tenant: str | None) -> int:
         return self._in_flight.get(tenant, 0)
 
+    def busy(self) -> bool:
+        """Whether any tenant has a response in flight."""
+        return bool(self._in_flight)
+
 
 @dataclass
 class QueueBound:

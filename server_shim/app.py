@@ -38,6 +38,7 @@ from .deployments import build_router
 from .ledger import Ledger
 from .limits import RequestLimits
 from .observe import ANONYMOUS, turn_finished
+from .passes import PassStarts
 from .postinference import PostInference
 from .safety import Classifier, Validator
 from .settings import Settings
@@ -85,6 +86,7 @@ class ShimState:
     does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
     derivations: SharedDerivations = field(default_factory=SharedDerivations)
+    _passes: PassStarts | None = field(default=None, repr=False)
     """Settings derived lately on any connection (`turn_settings`): a connection's first turn reuses them."""
     release: Callable[[str], Awaitable[None]] | None = field(init=False, repr=False)
     """The backend's `release` of a closed connection's state where it keeps some (`ConnectionScoped`), looked up
@@ -93,6 +95,13 @@ class ShimState:
     def __post_init__(self) -> None:
         backend = self.env.backend
         self.release = backend.release if isinstance(backend, ConnectionScoped) else None
+
+    def pass_starts(self, loop: asyncio.AbstractEventLoop) -> PassStarts:
+        """The lanes started per pass of `loop`, counted for all connections together (`passes`)."""
+        passes = self._passes
+        if passes is None or passes.loop is not loop:
+            passes = self._passes = PassStarts(loop)
+        return passes
 
     def connection_cache(self, tenant: str | None) -> ConnectionCache:
         """A new connection's cache, bounded on its own and by the server's budget for all of them."""
@@ -175,19 +184,22 @@ def create_app(
         env.context_window = backend.context_window
     keys = list(keys) if keys is not None else load_keys(settings.api_keys, settings.api_keys_file)
     tenants = len({key.tenant for key in keys})
+    limiter = TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute)
+    stats = ShimStats()
     shim = ShimState(
         settings,
         env,
+        stats=stats,
         gate=ConnectionGate(
             settings.max_connections,
             tenant_connection_cap(settings.max_connections, settings.tenant_max_connections, tenants),
             tenants,
         ),
-        limiter=TenantLimiter(settings.tenant_max_concurrent, settings.tenant_turns_per_minute),
+        limiter=limiter,
         cache_budget=CacheBudget(
             settings.cache_budget_bytes or default_cache_budget(), settings.tenant_cache_max_bytes
         ),
-        trimmer=Trimmer(settle=settle_hooks(backend)),
+        trimmer=Trimmer(settle=settle_hooks(backend), in_flight=limiter.busy, turns=lambda: stats.turns),
     )
 
     async def websocket_endpoint(websocket: WebSocket) -> None:

@@ -1,6 +1,7 @@
 """The heap: start-up objects frozen, raised GC thresholds, and freed memory given back after connections close.
 
-Once per burst of closes (`delay_s` after its last, see `trim_at`): the Prometheus observations still
+Once per burst of closes (`delay_s` after its last, see `trim_at`; in a moment with no response in flight,
+see `check_at`): the Prometheus observations still
 held applied (`metrics.flush_turns`: the values a batch holds are per-turn floats allocated all over
 the burst's memory, and Python's allocator returns a 1 MiB arena only once nothing in it is alive),
 the connections' cancelled timers purged from asyncio's heap (`purge_cancelled_timers`), the
@@ -57,6 +58,23 @@ def trim_at(first_close: float, last_close: float, allowed: float, delay_s: floa
     can take seconds), but no later than `max_wait_s` after its first, so a steady trickle of closes
     still gets trims; and never before `allowed` (see `next_allowed`)."""
     return max(allowed, min(last_close + delay_s, first_close + max_wait_s))
+
+
+def check_at(now: float, due: float, first_close: float, busy: bool, poll_s: float, max_busy_s: float) -> float:
+    """When the pending trim next looks again: `due` while it is not due; while the server is `busy` (responses
+    in flight or finishing), `poll_s` later, until `max_busy_s` past the burst's first close; else `now` (it runs).
+
+    A full collection stops the event loop for as long as it walks every object made since start-up
+    (39 ms at 128 busy connections, `python -m benchmarks load --clients 128`): run while turns are in
+    flight, every one of them waits that long. Waiting for a moment with none costs only memory given
+    back later; a server never quiet still trims once every `max_busy_s`, and the collector's own
+    thresholds free cycles in between.
+    """
+    if now < due:
+        return due
+    if busy and now < first_close + max_busy_s:
+        return min(now + poll_s, first_close + max_busy_s)
+    return now
 
 
 def next_allowed(now: float, took_s: float, share: float = GC_SHARE) -> float:
@@ -125,6 +143,8 @@ class TrimTimes(Counts):
     """The first close of the pending burst; NaN when none is pending."""
     last = Seconds()
     allowed = Seconds()
+    turns_seen = Seconds()
+    """Turns finished at the trimmer's last look (a count, kept as a float like the times)."""
 
 
 @runtime_checkable
@@ -145,6 +165,14 @@ class Trimmer:
 
     delay_s: float = 1.0
     max_wait_s: float = 10.0
+    in_flight: Callable[[], bool] = field(default=lambda: False)
+    """Whether any response is in flight (`TenantLimiter.busy`)."""
+    turns: Callable[[], int] = field(default=lambda: 0)
+    """Turns finished so far (`ShimStats.turns`). A ready turn is in flight only within one callback, so busy
+    connections can have none in flight whenever a timer runs: the server counts as busy while turns finish.
+    A due trim waits for a moment with none in flight and none finished for `poll_s` (`check_at`)."""
+    poll_s: float = 0.25
+    max_busy_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
     cpu_clock: Callable[[], float] = time.thread_time
     """What a trim's cost is measured in (`GC_SHARE`): the loop thread's CPU time, not the wall clock, which
@@ -163,21 +191,34 @@ class Trimmer:
         if math.isnan(times.first):
             times.first = times.last
         if self._timer is None:
+            times.turns_seen = self.turns()
             self._arm(times.last)
+
+    def _busy(self) -> bool:
+        """Responses in flight, or turns finished since the last look."""
+        times, turns = self.times, self.turns()
+        finished = turns != times.turns_seen
+        times.turns_seen = turns
+        return finished or self.in_flight()
+
+    def _first(self) -> float:
+        times = self.times
+        return times.last if math.isnan(times.first) else times.first
 
     def _due(self) -> float:
         times = self.times
-        first = times.last if math.isnan(times.first) else times.first
-        return trim_at(first, times.last, times.allowed, self.delay_s, self.max_wait_s)
+        return trim_at(self._first(), times.last, times.allowed, self.delay_s, self.max_wait_s)
 
-    def _arm(self, now: float) -> None:
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, self._due() - now), self._fire)
+    def _arm(self, now: float, at: float | None = None) -> None:
+        delay = max(0.0, (self._due() if at is None else at) - now)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
         began, cpu = self.clock(), self.cpu_clock()
-        if self._due() > began:  # more closes came meanwhile: wait for the end of the burst
-            self._arm(began)
+        at = check_at(began, self._due(), self._first(), self._busy(), self.poll_s, self.max_busy_s)
+        if at > began:  # more closes came meanwhile, or responses are in flight
+            self._arm(began, at)
             return
         self.times.first = math.nan
         for settle in self.settle:

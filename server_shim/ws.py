@@ -81,6 +81,7 @@ class ResponsesConnection:
         self.id = new_id("conn")
         self._loop = asyncio.get_running_loop()
         """The connection's loop, looked up once (each `get_running_loop` is a `getpid` system call in 3.11)."""
+        self._passes = shim.pass_starts(self._loop)
         self.trace_carrier = tracing.carrier(websocket.scope["headers"])  # the upgrade request's trace context
         self.tenant = scope_tenant(websocket.scope)
         self.cache = shim.connection_cache(self.tenant)
@@ -225,7 +226,8 @@ class ResponsesConnection:
         self, stream_id: str | None, request: CreateRequest | APIError | str | bytes, size: int, eagerly: bool = False
     ) -> None:
         """`request` on its lane, the lane's worker started when it has none: `eagerly` (from the protocol's read,
-        outside any task), its first step run here (`eager`), often the whole turn, and a task only for the rest;
+        outside any task), its first step run here (`eager`), often the whole turn, and a task only for the rest
+        (unless this pass of the loop has started its share of lanes: then in a task, in line, see `passes`);
         from the receive loop, in a task of its own (a step run in the receive loop's task would have its
         `current_task()`)."""
         lane = self._lanes.get(stream_id)
@@ -238,6 +240,8 @@ class ResponsesConnection:
             self._room.clear()
         if lane.worker is None:
             worker = self._run_lane(stream_id, lane)
+            if eagerly and not self._passes.at_once():
+                worker, eagerly = self._passes.in_line(worker), False
             steps = worker if self._steps is None else self._steps(worker)
             lane.worker = eager.start(self._loop, steps) if eagerly else self._loop.create_task(steps)
 

@@ -47,6 +47,7 @@ from server_shim.trim import (
     FUTURE_ITERATORS,
     GC_SHARE,
     Trimmer,
+    check_at,
     clear_type_cache,
     next_allowed,
     purge_cancelled_timers,
@@ -129,6 +130,44 @@ def test_a_trim_waits_for_the_end_of_the_burst_but_not_forever_and_keeps_collect
         100.0 + took / GC_SHARE
     )  # a 50 ms collection: the next one 5 s later at the soonest
     assert trim_at(first_close=101.0, last_close=101.0, allowed=allowed, delay_s=1.0, max_wait_s=10.0) == allowed
+
+
+def test_a_due_trim_waits_for_a_moment_when_the_server_is_not_busy_but_not_forever():
+    def at(now: float, busy: bool) -> float:
+        return check_at(now=now, due=101.0, first_close=100.0, busy=busy, poll_s=0.25, max_busy_s=30.0)
+
+    assert at(100.5, busy=False) == 101.0  # not due yet
+    assert at(101.0, busy=False) == 101.0  # due and quiet: now
+    assert at(101.0, busy=True) == 101.25  # busy: look again soon
+    assert at(129.9, busy=True) == 130.0  # but not past max_busy_s after the first close
+    assert at(130.0, busy=True) == 130.0  # then it runs, busy or not
+
+
+async def test_the_trim_waits_while_turns_finish_and_runs_once_they_stop():
+    """A ready turn is in flight only inside one callback: the trim must see busy connections from the turns
+    they finish, or its full collection would stop every one of them (39 ms at 128 connections)."""
+    finishing, finished = [True], [0]
+
+    def turns() -> int:
+        if finishing[0]:
+            finished[0] += 1  # a turn finished since every look
+        return finished[0]
+
+    settled: list[float] = []
+    trimmer = Trimmer(delay_s=0.0, poll_s=0.001, turns=turns, settle=(lambda: settled.append(finished[0]),))
+    trimmer.maybe_trim()
+    assert await _until(lambda: finished[0] > 20)
+    assert not settled
+    finishing[0] = False
+    assert await _until(lambda: settled)
+    in_flight = [True]
+    trimmer = Trimmer(delay_s=0.0, poll_s=0.001, in_flight=lambda: in_flight[0], settle=(lambda: settled.append(-1),))
+    trimmer.maybe_trim()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert settled[-1] != -1  # a response in flight (a backend streaming): no trim either
+    in_flight[0] = False
+    assert await _until(lambda: settled[-1] == -1)
 
 
 def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pass():
