@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,7 +63,8 @@ class _Lane:
     deque: the worker drains it and ends, nothing waits on it). A request that has to wait is kept as its
     frame and parsed when its turn comes: parsed, it holds 7-8 times its JSON, so `max_queued_bytes` would
     bound the frames but not the memory."""
-    worker: asyncio.Task[None] | None = None
+    worker: asyncio.Future[None] | None = None
+    """The task running the lane, or while the lane waits in line (`passes`), the future that stands for it."""
 
 
 class ResponsesConnection:
@@ -239,11 +241,21 @@ class ResponsesConnection:
         if self.queued.full:
             self._room.clear()
         if lane.worker is None:
-            worker = self._run_lane(stream_id, lane)
             if eagerly and not self._passes.at_once():
-                worker, eagerly = self._passes.in_line(worker), False
-            steps = worker if self._steps is None else self._steps(worker)
-            lane.worker = eager.start(self._loop, steps) if eagerly else self._loop.create_task(steps)
+                lane.worker = self._passes.in_line(functools.partial(self._start_lane, stream_id, lane))
+            else:
+                lane.worker = self._start_lane(stream_id, lane, eagerly)
+
+    def _start_lane(self, stream_id: str | None, lane: _Lane, eagerly: bool = True) -> asyncio.Task[None] | None:
+        """The lane's worker: its first step run here when `eagerly`, the task that goes on with it (or None)."""
+        worker = self._run_lane(stream_id, lane)
+        steps = worker if self._steps is None else self._steps(worker)
+        if not eagerly:
+            return self._loop.create_task(steps)
+        task = eager.start(self._loop, steps)
+        if lane.worker is not None and task is not None:  # started from the line: the task stands for itself now
+            lane.worker = task
+        return task
 
     def _waits(self, stream_id: str | None) -> bool:
         """Whether a request for this lane would wait (its lane busy, or every in-flight slot taken)."""

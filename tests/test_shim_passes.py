@@ -2,16 +2,15 @@
 
 On a real loop, from plain callbacks as the protocol's reads run (no sockets, no sleeps): a pass starts
 `per_pass` lanes at once and puts the rest in line; the line goes `per_pass` a pass, in order, and new
-reads queue behind it; a lane cancelled in line never starts, takes no place and leaves no coroutine
-unawaited. Then over a real server: many connections' frames arriving together, most of them in line,
-all answered and chained; connections that close while their lanes wait leave the server sound.
+reads queue behind it; a lane cancelled in line is never started and takes no place; the line's future
+stands for the task a started lane goes on in. Then over a real server: many connections' frames arriving
+together, most of them in line, all answered and chained; connections that close while their lanes wait
+leave the server sound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
-import warnings
 from collections.abc import Callable
 
 import orjson
@@ -48,104 +47,108 @@ async def in_one_callback(call: Callable[[], None]) -> None:
     await done
 
 
-def reads(starts: PassStarts, names: list[str], ran: list[tuple[str, int]], passes_: Passes, tasks: list) -> None:
-    """One lane per name started as the protocol's read starts it: at once, or a task in line."""
+def reads(starts: PassStarts, names: list[str], ran: list[tuple[str, int]], passes_: Passes) -> list:
+    """One lane per name started as the protocol's read starts it: at once, or put in line; the lines' futures."""
+    standing = []
     for name in names:
 
-        async def lane(name: str = name) -> None:
+        def start(name: str = name) -> None:
             ran.append((name, passes_.now))
 
         if starts.at_once():
-            _run_now(lane())
+            start()
         else:
-            tasks.append(asyncio.get_running_loop().create_task(starts.in_line(lane())))
-
-
-def _run_now(coro) -> None:
-    """A lane that does not wait, run whole in the read (as `eager.start` would)."""
-    with pytest.raises(StopIteration):
-        coro.send(None)
+            standing.append(starts.in_line(start))
+    return standing
 
 
 async def test_a_pass_starts_its_share_at_once_and_the_rest_in_arrival_order_a_share_per_pass():
     loop = asyncio.get_running_loop()
-    starts, counted, ran, tasks = PassStarts(loop, per_pass=2), Passes(loop), [], []
-    await in_one_callback(lambda: reads(starts, list("abcdefg"), ran, counted, tasks))
-    await asyncio.gather(*tasks)
-    order = [name for name, _ in ran]
-    assert order == list("abcdefg")
+    starts, counted, ran, lines = PassStarts(loop, per_pass=2), Passes(loop), [], []
+    await in_one_callback(lambda: lines.extend(reads(starts, list("abcdefg"), ran, counted)))
+    await asyncio.gather(*lines)
+    assert [name for name, _ in ran] == list("abcdefg")
     when = dict(ran)
     assert when["a"] == when["b"]  # at once, in the read's pass
-    assert when["c"] == when["d"] > when["b"]  # the first two in line, together, in a later pass
-    assert when["e"] == when["f"] > when["d"]
-    assert when["g"] > when["f"]
+    assert when["c"] == when["d"] == when["b"] + 1  # the first two in line, in the next pass
+    assert when["e"] == when["f"] == when["d"] + 1
+    assert when["g"] == when["f"] + 1
     assert starts.waiting == 0
 
 
 async def test_reads_while_lanes_wait_in_line_queue_behind_them_then_start_at_once_again():
     loop = asyncio.get_running_loop()
-    starts, counted, ran, tasks = PassStarts(loop, per_pass=1), Passes(loop), [], []
-    await in_one_callback(lambda: reads(starts, ["a", "b", "c"], ran, counted, tasks))
-    await in_one_callback(lambda: reads(starts, ["d"], ran, counted, tasks))  # a later pass: b and c still in line
-    await asyncio.gather(*tasks)
+    starts, counted, ran, lines = PassStarts(loop, per_pass=1), Passes(loop), [], []
+    await in_one_callback(lambda: lines.extend(reads(starts, ["a", "b", "c"], ran, counted)))
+    await in_one_callback(lambda: lines.extend(reads(starts, ["d"], ran, counted)))  # b or c still in line
+    await asyncio.gather(*lines)
     assert [name for name, _ in ran] == ["a", "b", "c", "d"]
-    assert len(tasks) == 3  # d went in line too
-    await in_one_callback(lambda: reads(starts, ["e"], ran, counted, tasks))
-    assert len(tasks) == 3 and ran[-1][0] == "e"  # the line empty: at once, no task
+    assert len(lines) == 3  # d went in line too
+    for _ in range(3):  # the count starts from zero again once nothing waits
+        await in_one_callback(lambda: None)
+    await in_one_callback(lambda: lines.extend(reads(starts, ["e"], ran, counted)))
+    assert len(lines) == 3 and ran[-1][0] == "e"  # at once
 
 
 async def test_one_read_a_pass_always_starts_at_once():
     loop = asyncio.get_running_loop()
-    starts, counted, ran, tasks = PassStarts(loop, per_pass=1), Passes(loop), [], []
+    starts, counted, ran, lines = PassStarts(loop, per_pass=1), Passes(loop), [], []
     for name in "abcdef":
-        await in_one_callback(lambda name=name: reads(starts, [name], ran, counted, tasks))
-    assert tasks == [] and [name for name, _ in ran] == list("abcdef")
+        await in_one_callback(lambda name=name: lines.extend(reads(starts, [name], ran, counted)))
+    assert lines == [] and [name for name, _ in ran] == list("abcdef")
 
 
-async def test_a_lane_cancelled_in_line_never_starts_leaves_nothing_unawaited_and_the_lanes_behind_it_run():
+async def test_a_lone_read_starts_at_once_and_restarts_the_count_when_nothing_else_is_ready():
+    """Without the pass counter beside it (a connection alone, no other callback): the count never reaches
+    the point where it would schedule a callback of its own."""
     loop = asyncio.get_running_loop()
-    starts, counted, ran, tasks = PassStarts(loop, per_pass=1), Passes(loop), [], []
+    starts, ran, lines = PassStarts(loop, per_pass=2), [], []
+    fake = Passes.__new__(Passes)
+    fake.now = 0
+    for name in "abcdef":
+        await in_one_callback(lambda name=name: lines.extend(reads(starts, [name], ran, fake)))
+    assert lines == [] and len(ran) == 6
+    assert not starts._marked
+
+
+async def test_a_lane_cancelled_in_line_is_never_started_and_the_lanes_behind_it_start_in_its_place():
+    loop = asyncio.get_running_loop()
+    starts, counted, ran, lines = PassStarts(loop, per_pass=1), Passes(loop), [], []
 
     def reads_then_cancel() -> None:
-        reads(starts, ["a", "b", "c", "d"], ran, counted, tasks)
-        tasks[0].cancel()  # b: its connection closed while it waited
+        lines.extend(reads(starts, ["a", "b", "c", "d"], ran, counted))
+        lines[0].cancel()  # b: its connection closed while it waited
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        await in_one_callback(reads_then_cancel)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        gc.collect()
+    await in_one_callback(reads_then_cancel)
+    results = await asyncio.gather(*lines, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError)
     assert [name for name, _ in ran] == ["a", "c", "d"]
-    assert starts.waiting == 0 and starts.let_go == 0
-    assert not [w for w in caught if "never awaited" in str(w.message)]
+    when = dict(ran)
+    assert when["c"] == when["a"] + 1  # b took no place
+    assert starts.waiting == 0
 
 
-async def test_a_lane_cancelled_after_it_was_let_go_but_before_it_ran_gives_its_place_back():
+async def test_the_lines_future_stands_for_the_task_a_started_lane_goes_on_in():
     loop = asyncio.get_running_loop()
-    starts, counted, ran, tasks = PassStarts(loop, per_pass=1), Passes(loop), [], []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    starts = PassStarts(loop, per_pass=1)
+    gates: list[asyncio.Future[None]] = []
+    tasks: list[asyncio.Task[None]] = []
 
-        def cancel_c_once_let_go() -> None:  # each pass, after the pass's start has let lanes go
-            if starts.let_go and ran[-1][0] == "b":  # c let go (b has run), c's task not yet run
-                tasks[1].cancel()
-            elif len(ran) < 3:
-                loop.call_soon(cancel_c_once_let_go)
+    def start() -> asyncio.Task[None]:
+        gates.append(loop.create_future())
+        tasks.append(loop.create_task(asyncio.wait_for(gates[-1], None)))
+        return tasks[-1]
 
-        def reads_then_watch() -> None:
-            reads(starts, ["a", "b", "c", "d"], ran, counted, tasks)
-            loop.call_soon(cancel_c_once_let_go)
-
-        await in_one_callback(reads_then_watch)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        gc.collect()
-    assert isinstance(results[1], asyncio.CancelledError)
-    assert [name for name, _ in ran] == ["a", "b", "d"]
-    assert starts.waiting == 0 and starts.let_go == 0
-    assert not [w for w in caught if "never awaited" in str(w.message)]
-    await in_one_callback(lambda: reads(starts, ["e"], ran, counted, tasks))
-    assert ran[-1][0] == "e" and len(tasks) == 3  # the line empty again: at once
+    lines: list[asyncio.Future[None]] = []
+    await in_one_callback(lambda: (starts.at_once(), lines.extend([starts.in_line(start), starts.in_line(start)])))
+    while len(tasks) < 2:
+        await asyncio.sleep(0)
+    assert not lines[0].done()  # its task waits
+    gates[0].set_result(None)
+    await lines[0]  # done once its task is
+    lines[1].cancel()  # cancelling the line's future cancels the task it stands for
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[1]
 
 
 # --- over a real server ------------------------------------------------------------------------------
@@ -170,9 +173,9 @@ def count_in_line(monkeypatch) -> list[int]:
     counted: list[int] = []
     original = PassStarts.in_line
 
-    def in_line(self: PassStarts, coro):
+    def in_line(self: PassStarts, start):
         counted.append(1)
-        return original(self, coro)
+        return original(self, start)
 
     monkeypatch.setattr(PassStarts, "in_line", in_line)
     return counted
