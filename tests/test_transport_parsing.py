@@ -11,15 +11,19 @@ the shim itself sends for every kind of turn, which must take the fast path.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
+import typing
 import urllib.request
 from collections.abc import Iterator
 from typing import Any, Literal
 
+import httpx2
+import orjson
 import pytest
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI, Stream
 from openai._models import BaseModel as SDKModel
 from openai._models import add_request_id, construct_type
 from openai.types.responses import Response, ResponseStreamEvent
@@ -30,6 +34,7 @@ import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
 from tests.support.sdk_shapes import difference, shape
 from ws_transport import _sdk, parsing
+from ws_transport.replies import SSE_HEADERS, AsyncEventBody, EventBody, sse_event, sse_frame
 
 MODEL = "simulated-1"
 WRONG_VALUES = (1, "1", 1.0, 2.5, "2.5", True, "true", None, [], {}, "x", 2**70, -1, 2**53 + 1, {"type": "zz"})
@@ -315,6 +320,54 @@ def test_a_wrapped_clients_stream_events_are_parsed_fast_and_read_as_the_sdk_rea
         assert difference(event, sdk_parse(ResponseStreamEvent, data)) is None
 
 
+# A direct stream's events: read as parsed JSON, never as SSE bytes, they are the SDK's objects of those bytes.
+
+
+def wire(data: Any) -> Any:
+    """`data` as the transport reads it off the socket (orjson: an integer over 64 bits comes as a float)."""
+    return orjson.loads(json.dumps(data))
+
+
+def sdk_stream_of_sse(events: list[dict[str, Any]]) -> list[Any]:
+    """What the SDK's own `Stream` makes of `events` as the HTTP stream carries them (its SSE decoder, its parser)."""
+    body = b"".join(sse_frame(copy.deepcopy(event)) for event in events)
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/responses")
+    response = httpx2.Response(200, headers=SSE_HEADERS, content=body, request=request)
+    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    return list(Stream(cast_to=ResponseStreamEvent, response=response, client=client))  # type: ignore[arg-type]
+
+
+def direct_stream(client: OpenAI, events: list[dict[str, Any]]) -> list[Any]:
+    """What the direct path's `Stream` makes of the same events, handed on parsed (`_sdk.event_stream`)."""
+    settled = [sse_event(copy.deepcopy(event)) for event in events]
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/responses")
+    response = httpx2.Response(200, headers=SSE_HEADERS, content=b"", request=request)
+    return list(_sdk.event_stream(client, response, lambda: iter(settled)))
+
+
+def assert_same_events(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert type(a) is type(b)
+        assert a.model_dump(warnings=False) == b.model_dump(warnings=False)
+        assert a.model_fields_set == b.model_fields_set
+        assert a.to_dict(warnings=False) == b.to_dict(warnings=False)
+        assert difference(a, b) is None, difference(a, b)
+
+
+def test_every_stream_event_read_parsed_is_the_sdks_object_of_its_sse() -> None:
+    rng = random.Random(7)
+    valid = [wire(shape(kind, rng)) for kind in typing.get_args(parsing._unwrap(ResponseStreamEvent)) for _ in range(2)]
+    mutants = [wire(mutant(shape(ResponseStreamEvent, rng), rng)) for _ in range(150)]
+    errors = [wire({"type": "error", "sequence_number": 3, "error": {"code": "server_error", "message": "m"}})]
+    assert {event["type"] for event in valid} >= {"response.reasoning_text.delta", "response.refusal.delta", "error"}
+    assert any(data.get("zz_extra") is not None for data in mutants), "unknown fields, as well as dropped ones"
+    for events in (valid, mutants, errors):
+        expected = sdk_stream_of_sse(events)
+        assert_same_events(direct_stream(fast_client(), events), expected)
+        assert_same_events(direct_stream(OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1"), events), expected)
+
+
 # The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.
 
 FUNCTION = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
@@ -393,3 +446,47 @@ def test_the_shims_responses_take_the_fast_path_and_read_as_over_http(server: Ba
     assert parsing.parse(Response, raw) is not None, "the shim sends every field the installed SDK requires"
     over_http = OpenAI(base_url=server.base_url, api_key="k", max_retries=0).responses.retrieve(response.id)
     assert difference(response, over_http) is None, (kind, difference(response, over_http))
+
+
+@pytest.mark.parametrize("kind", list(TURNS))
+def test_a_direct_streams_events_are_the_sdks_objects_of_the_shims_sse(server: BackgroundServer, kind: str) -> None:
+    raw: list[dict[str, Any]] = []
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    with ws_transport.wrap(client, on_event=raw.append) as wrapped:
+        wrapped.responses.create(model=MODEL, input="first turn: the SDK's pipeline, which teaches the direct path")
+        raw.clear()
+        with wrapped.responses.create(model=MODEL, stream=True, **TURNS[kind]) as stream:
+            typed = list(stream)
+    assert isinstance(stream.response.stream, EventBody), "the direct path"
+    assert typed[-1].type in ("response.completed", "response.incomplete")
+    assert_same_events(typed, sdk_stream_of_sse(raw))
+
+
+def test_an_async_direct_streams_events_are_the_sdks_objects_of_the_shims_sse(server: BackgroundServer) -> None:
+    raw: list[dict[str, Any]] = []
+
+    async def main() -> tuple[list[Any], Any]:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        async with ws_transport.wrap(client, on_event=raw.append) as wrapped:
+            await wrapped.responses.create(model=MODEL, input="first turn: the SDK's pipeline")
+            raw.clear()
+            stream = await wrapped.responses.create(model=MODEL, stream=True, **TURNS["function call"])
+            async with stream:
+                return [event async for event in stream], stream.response.stream
+
+    typed, body = asyncio.run(main())
+    assert isinstance(body, AsyncEventBody), "the direct path"
+    assert "response.function_call_arguments.delta" in {event.type for event in typed}
+    assert_same_events(typed, sdk_stream_of_sse(raw))
+
+
+def test_a_direct_streams_body_read_as_bytes_is_the_sse_of_its_events(server: BackgroundServer) -> None:
+    raw: list[dict[str, Any]] = []
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    with ws_transport.wrap(client, on_event=raw.append) as wrapped:
+        wrapped.responses.create(model=MODEL, input="first turn: the SDK's pipeline, which teaches the direct path")
+        raw.clear()
+        with wrapped.responses.create(model=MODEL, input="hello", stream=True) as stream:
+            assert isinstance(stream.response.stream, EventBody), "the direct path"
+            body = stream.response.read()
+    assert len(raw) > 2 and body == b"".join(sse_frame(event) for event in raw)

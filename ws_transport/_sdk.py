@@ -15,14 +15,16 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx2
+import orjson
 import pydantic
 from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
 from openai._base_client import make_request_options
 from openai._models import add_request_id
+from openai._streaming import ServerSentEvent
 from openai._types import NOT_GIVEN, NotGiven
 
 try:
@@ -204,13 +206,53 @@ def endpoint_url(client: Client, path: str) -> Any:
     return client._prepare_url(path)
 
 
-def event_stream(client: Client, response: Any) -> Any:
+def event_stream(client: Client, response: Any, events: Callable[[], Any]) -> Any:
     """The SDK's `Stream` (`AsyncStream`) of `responses.create(stream=True)` over an SSE `response`, made as
-    the SDK's pipeline makes it of the transport's answer: the SDK parses its events."""
+    the SDK's pipeline makes it of the transport's answer: the SDK parses its events, each read as the JSON
+    `events()` yields (an iterator for a sync client, an async one for an async client) instead of
+    decoded from the body's SSE bytes, which are the same events encoded (`_ParsedEvents`)."""
     event: Any = ResponseStreamEvent  # a union (the chunk type the SDK reads off `Stream[ResponseStreamEvent]`)
+    stream: Any
     if isinstance(client, AsyncOpenAI):
-        return AsyncStream[ResponseStreamEvent](cast_to=event, response=response, client=client)
-    return Stream[ResponseStreamEvent](cast_to=event, response=response, client=client)
+        stream = AsyncStream[ResponseStreamEvent](cast_to=event, response=response, client=client)
+    else:
+        stream = Stream[ResponseStreamEvent](cast_to=event, response=response, client=client)
+    stream._decoder = _ParsedEvents(events)  # read when the stream is first iterated, never before
+    return stream
+
+
+class _ParsedEvents:
+    """A stream's SSE decoder (the SDK's `SSEBytesDecoder`) whose events come parsed: the SDK hands it the body's
+    bytes, which it leaves unread, and gets from it the events the body stands for. Encoding each event to
+    SSE and decoding it again (the SDK's SSE parser and `json.loads`, in Python) cost a streamed turn more
+    than its events' validation; the SDK's `Stream` reads the same JSON either way."""
+
+    def __init__(self, events: Callable[[], Any]) -> None:
+        self.events = events
+
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[ServerSentEvent]:
+        for event in self.events():
+            yield _ParsedEvent(event)
+
+    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
+        async for event in self.events():
+            yield _ParsedEvent(event)
+
+
+class _ParsedEvent(ServerSentEvent):
+    """An SSE event with its JSON parsed: named by its type, as the HTTP stream names it."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(event=str(data.get("type")))
+        self._parsed = data
+
+    @property
+    def data(self) -> str:
+        """The JSON text, encoded when read (the SDK's `Stream` reads it only to look for its `[DONE]` mark)."""
+        return orjson.dumps(self._parsed).decode()
+
+    def json(self) -> Any:
+        return self._parsed
 
 
 def input_json(items: Any) -> bytes:

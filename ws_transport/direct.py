@@ -6,10 +6,11 @@ httpx response made of the terminal event and parsed back. That was most of a wr
 client CPU (`python -m benchmarks client`). The direct path sends the prepared turn on the session
 and makes the SDK's own `Response` of the terminal event with the SDK's own parser, as it parses
 the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object. A
-streamed turn gets the SDK's own `Stream` (`_sdk.event_stream`) over the very SSE answer the
-transport gives the SDK (`replies.SSEStream`), so the SDK's code makes and raises what it does over
-that answer; its `response` is that answer, to a bare `POST` of the endpoint (no headers: the SDK
-built none).
+streamed turn gets the SDK's own `Stream` (`_sdk.event_stream`) over the answer the transport gives
+the SDK, so the SDK's code makes and raises what it does over that answer; its `response` is that
+answer, to a bare `POST` of the endpoint (no headers: the SDK built none). The `Stream` reads each
+event's JSON as the session parsed it (`replies.EventBody`), not encoded to SSE and decoded again
+(which cost a 1-token turn ~1.05M instructions, more than the rest of its events' reading).
 
 It is taken only when the SDK's pipeline could not change the outcome (and `SessionOptions.direct`
 is on: httpx event hooks and HTTP instrumentation do not see the turns it takes):
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from openai.types.responses import Response
 
@@ -39,8 +40,8 @@ from . import _http, _sdk
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
 from .headers import Credentials, Headers, credentials_of
 from .policy import SessionState
-from .portal import PortalStream
-from .replies import SSEStream, sse_response
+from .portal import AsyncChunks, PortalStream
+from .replies import AsyncEventBody, EventBody, SSEStream, event_chunk, sse_response
 from .session import Session
 from .turn import TurnRequest
 
@@ -133,8 +134,9 @@ class DirectPath:
         if first is None:
             return None
         request = self._request()
-        body = PortalStream(SSEStream(first, events, request), portal, turn.ready)
-        return _sdk.event_stream(self.client, sse_response(body, request))
+        chunks = SSEStream(first, events, request, event_chunk)
+        body = EventBody(PortalStream(cast(AsyncChunks, chunks), portal, turn.ready))  # lists, which join as bytes do
+        return _sdk.event_stream(self.client, sse_response(body, request), body.events)
 
     async def async_stream(self, turn: TurnRequest) -> Any:
         """The async client's streamed turn (the SDK's `AsyncStream`); None: send it through the SDK."""
@@ -143,7 +145,8 @@ class DirectPath:
         if first is None:
             return None
         request = self._request()
-        return _sdk.event_stream(self.client, sse_response(SSEStream(first, events, request), request))
+        body = AsyncEventBody(SSEStream(first, events, request, event_chunk))
+        return _sdk.event_stream(self.client, sse_response(body, request), body.events)
 
     def _events(self, turn: TurnRequest) -> AsyncGenerator[dict[str, Any], None]:
         return self.session.events(turn, read_timeout=read_timeout(self.client.timeout))

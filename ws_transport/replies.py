@@ -8,15 +8,15 @@ lost mid-stream reads as a dropped HTTP stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar, cast
 
 import httpx2
 import orjson
 
 from . import _http
 from .errors import ConnectionLost, TurnRejected, UpgradeRejected, error_body, error_response, error_status
-from .portal import never_ready
+from .portal import PortalStream, never_ready
 from .session import Session
 from .turn import TurnRequest
 
@@ -85,11 +85,25 @@ def _framer(turn: TurnRequest) -> Callable[[dict[str, Any]], bytes]:
 
 
 def sse_frame(event: dict[str, Any]) -> bytes:
-    """One event as the HTTP stream carries it: no lane id, and the flat error shape."""
+    """One event as the HTTP stream carries it (`sse_event`), framed as SSE."""
+    return sse_bytes(sse_event(event))
+
+
+def sse_event(event: dict[str, Any]) -> dict[str, Any]:
+    """One event as the HTTP stream's `data` carries it: no lane id, and the flat error shape."""
     event.pop("stream_id", None)
-    if event.get("type") == "error":
-        event = sse_error(event)
+    return sse_error(event) if event.get("type") == "error" else event
+
+
+def sse_bytes(event: dict[str, Any]) -> bytes:
+    """An event as the HTTP stream carries it (`sse_event`'s), framed as SSE."""
     return b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def event_chunk(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """An event as the direct path's `SSEStream` hands it on: the HTTP stream's JSON (`sse_event`), unencoded, in
+    a list that the sync client's `PortalStream` extends with the events it reads ahead."""
+    return [sse_event(event)]
 
 
 def sse_error(event: dict[str, Any]) -> dict[str, Any]:
@@ -108,15 +122,19 @@ def _timeout(request: httpx2.Request) -> Exception:
     return _http.module_of(request).ReadTimeout("timed out waiting for the next WebSocket event", request=request)
 
 
-class SSEStream(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
-    """Events re-framed as SSE; a socket lost mid-stream reads as a dropped HTTP stream would."""
+Chunk = TypeVar("Chunk")
+
+
+class SSEStream(*_http.bases("AsyncByteStream"), Generic[Chunk]):  # type: ignore[misc]
+    """Events re-framed as SSE (or as `event_chunk`s, for the direct path); a socket lost mid-stream reads as a
+    dropped HTTP stream would."""
 
     def __init__(
         self,
         first: dict[str, Any],
         events: AsyncGenerator[dict[str, Any], None],
         request: httpx2.Request,
-        frame: Callable[[dict[str, Any]], bytes] = sse_frame,
+        frame: Callable[[dict[str, Any]], Chunk],
         ready: Callable[[], bool] = never_ready,
     ) -> None:
         self.first = first
@@ -126,7 +144,7 @@ class SSEStream(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
         self.ready = ready
         """Whether the next step of the events would not wait (`TurnRequest.ready`)."""
 
-    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+    async def __aiter__(self) -> AsyncGenerator[Chunk, None]:
         yield self.frame(self.first)
         try:
             async for event in self.events:
@@ -140,6 +158,48 @@ class SSEStream(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         await self.events.aclose()
+
+
+class EventBody(*_http.bases("SyncByteStream")):  # type: ignore[misc]
+    """A sync direct stream's body: its events read on the session's loop in lists (`PortalStream` over an
+    `SSEStream` of `event_chunk`s), which the SDK's `Stream` reads as they are (`events`, through
+    `_sdk.event_stream`) and httpx, if the body is read, as the SSE bytes they stand for."""
+
+    def __init__(self, chunks: PortalStream) -> None:
+        self.chunks = chunks
+        self.batches: Iterable[list[dict[str, Any]]] = cast(Any, chunks)
+        """`chunks`, whose type says bytes: `PortalStream` hands on any chunks that `+=` joins."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        for batch in self.batches:
+            yield b"".join(map(sse_bytes, batch))
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        for batch in self.batches:
+            yield from batch
+
+    def close(self) -> None:
+        self.chunks.close()
+
+
+class AsyncEventBody(*_http.bases("AsyncByteStream")):  # type: ignore[misc]
+    """An async direct stream's body: its events (an `SSEStream` of `event_chunk`s), which the SDK's `AsyncStream`
+    reads as they are (`events`, through `_sdk.event_stream`) and httpx, if the body is read, as SSE bytes."""
+
+    def __init__(self, chunks: SSEStream[list[dict[str, Any]]]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        async for batch in self.chunks:
+            yield b"".join(map(sse_bytes, batch))
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        async for batch in self.chunks:
+            for event in batch:
+                yield event
+
+    async def aclose(self) -> None:
+        await self.chunks.aclose()
 
 
 def read_timeout(request: httpx2.Request) -> float | None:
