@@ -78,6 +78,12 @@ def test_a_record_is_stored_as_sqlite_stores_the_record_itself(tmp_path, tenant,
             db.execute(f"SELECT {typed} FROM {table} ORDER BY id").fetchall() for table in ("usage", "reference")
         )
     assert stored == reference and len(stored) == 2
+    with sqlite3.connect(tmp_path / "usage.db") as db:
+        nulls = db.execute(
+            "SELECT typeof(tenant), typeof(deployment), typeof(connection_id), typeof(ttft_ms) FROM usage WHERE id = ?",
+            ("resp_b",),
+        ).fetchone()
+    assert nulls == ("text" if tenant else "null", "null", "null", "null")  # None binds NULL through its adapter
 
 
 def test_a_batch_written_many_rows_a_statement_stores_what_row_by_row_inserts_store(tmp_path):
