@@ -212,13 +212,15 @@ def event_stream(client: Client, response: Any, events: Callable[[], Any]) -> An
     `events()` yields (an iterator for a sync client, an async one for an async client) instead of
     decoded from the body's SSE bytes, which are the same events encoded (`_ParsedEvents`)."""
     event: Any = ResponseStreamEvent  # a union (the chunk type the SDK reads off `Stream[ResponseStreamEvent]`)
-    stream: Any
-    if isinstance(client, AsyncOpenAI):
-        stream = AsyncStream[ResponseStreamEvent](cast_to=event, response=response, client=client)
-    else:
-        stream = Stream[ResponseStreamEvent](cast_to=event, response=response, client=client)
+    kind = _ASYNC_EVENT_STREAM if isinstance(client, AsyncOpenAI) else _EVENT_STREAM
+    stream = kind(cast_to=event, response=response, client=client)
     stream._decoder = _ParsedEvents(events)  # read when the stream is first iterated, never before
     return stream
+
+
+_EVENT_STREAM: Any = Stream[ResponseStreamEvent]
+_ASYNC_EVENT_STREAM: Any = AsyncStream[ResponseStreamEvent]
+"""Subscripted once: each `Stream[...]` looks up its cached alias by the union's hash (~60 variants hashed)."""
 
 
 class _ParsedEvents:
