@@ -175,6 +175,30 @@ def test_streamed_turns_build_no_http_request_and_yield_the_sdks_own_stream_and_
     assert stream.response.is_closed
 
 
+def test_a_sync_stream_whose_events_came_together_is_sent_read_and_closed_in_one_portal_call(
+    server: BackgroundServer,
+) -> None:
+    """A portal call costs ~75k instructions: a turn whose events arrive in one read takes one (it was three: the
+    first event, the rest, the close)."""
+    with wrapped(server, Requests()) as client:
+        history: list[Any] = [user("hello")]
+        history += client.responses.create(model=MODEL, input=history).output  # the SDK's turn opens the path
+        portal = client._client._transport.portal
+        calls: list[str] = []
+        call = portal.call
+
+        def counted(coro: Any, timeout: float | None = None) -> Any:
+            calls.append(coro.__qualname__)
+            return call(coro, timeout)
+
+        portal.call = counted  # type: ignore[method-assign]
+        with client.responses.create(model=MODEL, input=[*history, user("more")], stream=True) as stream:
+            kinds = [event.type for event in stream]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert calls == ["_opened"]
+        assert stream.response.is_closed
+
+
 def test_the_async_client_streams_on_the_direct_path_too(server: BackgroundServer) -> None:
     requests = Requests()
 

@@ -98,6 +98,7 @@ class Queued:
         for chunk in chunks:
             self.queue.put_nowait(chunk)
         self.ended = False
+        self.closed = False
 
     def ready(self) -> bool:
         return self.ended or not self.queue.empty()
@@ -110,7 +111,7 @@ class Queued:
         self.ended = True
 
     async def aclose(self) -> None:
-        pass
+        self.closed = True
 
 
 class CountingPortal(Portal):
@@ -136,6 +137,29 @@ def test_chunks_already_there_are_read_in_one_portal_call_with_the_one_before(co
     counting.call(put(stream, b"d", b"e", None))
     assert list(read) == [b"de"], "after a wait: the one that came and those queued behind it, then the end"
     assert counting.calls == 3, "a read for the first three, a put, a read to the end"
+
+
+def test_chunks_read_as_the_stream_opens_to_their_end_need_no_call_to_read_or_close(counting: CountingPortal) -> None:
+    """The call that opens a stream reads what is there (`read_ahead`); the step that reads the end closes the
+    stream on the loop, so neither the reads nor the `close()` after them make a portal call."""
+    stream = counting.call(make(Queued, b"a", b"b", None))
+    body = PortalStream(stream, counting, stream.ready)
+    counting.call(body.read_ahead())
+    counting.calls = 0
+    assert list(body) == [b"ab"]
+    assert stream.closed, "closed by the step that read the end"
+    body.close()
+    assert counting.calls == 0
+
+
+def test_a_stream_closed_before_its_end_is_closed_on_the_loop(counting: CountingPortal) -> None:
+    stream = counting.call(make(Queued, b"a"))
+    body = PortalStream(stream, counting, stream.ready)
+    counting.call(body.read_ahead())
+    assert next(iter(body)) == b"a" and not stream.closed
+    counting.calls = 0
+    body.close()
+    assert stream.closed and counting.calls == 1
 
 
 def test_an_error_after_chunks_already_there_comes_after_them(counting: CountingPortal) -> None:

@@ -40,7 +40,7 @@ from . import _http, _sdk
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
 from .headers import Credentials, Headers, credentials_of
 from .policy import SessionState
-from .portal import AsyncChunks, PortalStream
+from .portal import AsyncChunks, Portal, PortalStream
 from .replies import AsyncEventBody, EventBody, SSEStream, event_chunk, sse_response
 from .session import Session
 from .turn import TurnRequest
@@ -126,16 +126,14 @@ class DirectPath:
         """The sync client's streamed turn, its events read on the session's loop as the caller iterates
         (the SDK's `Stream`); None: send it through the SDK."""
         portal = _sdk.transport_of(self.client).portal
-        events = self._events(turn)
+        request = self._request()
         try:
-            first = portal.call(_first(events))
+            stream = portal.call(_opened(self._events(turn), request, portal, turn))
         except SessionClosed:
             return None
-        if first is None:
+        if stream is None:
             return None
-        request = self._request()
-        chunks = SSEStream(first, events, request, event_chunk)
-        body = EventBody(PortalStream(cast(AsyncChunks, chunks), portal, turn.ready))  # lists, which join as bytes do
+        body = EventBody(stream)  # lists, which join as bytes do
         return _sdk.event_stream(self.client, sse_response(body, request), body.events)
 
     async def async_stream(self, turn: TurnRequest) -> Any:
@@ -176,6 +174,20 @@ async def _first(events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]
         return await anext(events)
     except GIVE_UP:
         return None
+
+
+async def _opened(
+    events: AsyncGenerator[dict[str, Any], None], request: Any, portal: Portal, turn: TurnRequest
+) -> PortalStream | None:
+    """A sync stream's events in lists (`event_chunk`), opened on the loop: its first event and those already
+    behind it read in this one portal call (`PortalStream.read_ahead`); None as for `_first`."""
+    first = await _first(events)
+    if first is None:
+        return None
+    chunks = SSEStream(first, events, request, event_chunk)
+    stream = PortalStream(cast(AsyncChunks, chunks), portal, turn.ready)
+    await stream.read_ahead()
+    return stream
 
 
 def _same(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:

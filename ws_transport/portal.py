@@ -420,13 +420,24 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
         the chunk before, in the same portal call (a call costs ~75k instructions: more than a chunk's reading)."""
         self._after: Exception | None = None
         """How the step after the chunks read ahead ended (`_END`, or an error), for the next call."""
+        self._held: bytes | None = None
+        """The chunk read as the stream was opened (`read_ahead`), handed on by the first read without a call."""
         self.closed = False
+        self.finished = False
+        """The chunks ended and the stream was closed on the loop, by the step that read their end: `close()`
+        has nothing left to do there."""
         self._step: asyncio.Task[bytes | None] | None = None
         self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[bytes]:
         """One portal call per chunk, with the chunks after it that are already there (this thread runs the loop
-        for it when none does); `close()` from another thread interrupts the wait."""
+        for it when none does), none for the chunk read as the stream opened; `close()` from another thread
+        interrupts the wait."""
+        held, self._held = self._held, None
+        if held is not None:
+            if self.closed:
+                raise self._closed_error()
+            yield held
         while True:
             with self._lock:
                 if self.closed:
@@ -451,7 +462,14 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
             if self.closed:
                 return
             self.closed = True
+            if self.finished:
+                return
         self.portal.cleanup(self._aclose())
+
+    async def read_ahead(self) -> None:
+        """The first step, run on the loop by the call that opened the stream: a turn whose events came together
+        is then read, its end included, in that one call."""
+        self._held = await self._next()
 
     async def _next(self) -> bytes | None:
         """One step of the generator, on the loop; runs only while the stream is open."""
@@ -467,6 +485,7 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
         try:
             chunk = await anext(self.chunks)
         except StopAsyncIteration:
+            await self._finish()
             return None
         while self.ready():  # steps that do not wait: no suspension, so no cancellation lands among them
             try:
@@ -477,7 +496,15 @@ class PortalStream(*_http.bases("SyncByteStream")):  # type: ignore[misc]
             except Exception as exc:  # raised once the chunks before it are handed on
                 self._after = exc
                 break
+        if self._after is not None:
+            await self._finish()
         return chunk
+
+    async def _finish(self) -> None:
+        """The chunks ended (their generator is done): close the stream now, on the loop, so that `close()` (the
+        SDK's, once it has read the end) needs no portal call of its own."""
+        await self.stream.aclose()
+        self.finished = True
 
     async def _aclose(self) -> None:
         step = self._step
