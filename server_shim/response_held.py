@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from itertools import compress
 from operator import is_not, itemgetter
-from typing import Any
+from typing import Any, Protocol
+
+import orjson
 
 from .events import ECHO_DEFAULTS
 from .footprint import LEAF_SIZE, footprint
@@ -94,6 +97,76 @@ def response_held(response: dict[str, Any], others: tuple[Any, ...], known: Mapp
     walked = footprint((values, *others), {**ECHO_DEFAULT_SIZES, **known} if known else ECHO_DEFAULT_SIZES)
     # the dict itself stands in for the tuple of its walked values the walk counted
     return walked - sys.getsizeof(values) + sys.getsizeof(response) + defaults
+
+
+WRITTEN = ("id", "status", "previous_response_id", "created_at", "completed_at", "error", "incomplete_details")
+"""With `metadata`, `usage` and the output: the fields `response_object` writes into a copy of its memo's template, in
+`_written_of`'s order; every other field of such a copy is the template's own object."""
+_written_of = itemgetter(*WRITTEN, "metadata", "usage")
+_WRITTEN_TYPES = frozenset(
+    (str, str, previous, int, completed) for previous in (str, type(None)) for completed in (int, type(None))
+)
+
+
+class Template(Protocol):
+    """The memo a Response object was copied from (`events.ResponseMemo`), with the footprint of what it echoes."""
+
+    response_template: dict[str, Any] | None
+    template_held: int | None
+
+
+def made_held(
+    response: dict[str, Any], others: tuple[Any, ...], memo: Template, known: Mapping[int, int] | None
+) -> int:
+    """`response_held` for a response `response_object` has just copied from `memo`'s template: the fields it did not
+    write (the echo) are the template's objects, measured once per memo; only the fields it wrote are sized here.
+    Any other response (not the template's length) is sized by `response_held`."""
+    template = memo.response_template
+    if template is None or len(response) != len(template):
+        return response_held(response, others, known)
+    echoed = memo.template_held
+    if echoed is None:
+        echoed = memo.template_held = _template_held(template, known)
+    id_, status, previous, created, completed, error, incomplete, metadata, usage = _written_of(response)
+    if (type(id_), type(status), type(previous), type(created), type(completed)) not in _WRITTEN_TYPES:
+        return response_held(response, others, known)
+    walk: list[Any] = []
+    held = (
+        echoed
+        + _DICT(response)
+        + _GC_HEAD
+        + _HOLDER
+        + len(others) * tuple.__itemsize__
+        + _STR(id_)
+        + _STR(status)
+        + (_NONE if previous is None else _STR(previous))
+        + _INT(created)
+        + (_NONE if completed is None else _INT(completed))
+    )
+    if error is None and incomplete is None and not metadata and not any(others):  # most turns: nothing in them
+        held += 2 * _NONE + sum(map(sys.getsizeof, (metadata, *others)))  # an empty container's all, as walked
+    else:
+        held += _apart((error, incomplete, metadata, *others), walk)
+    usage_held = _usage_held(usage)
+    if usage_held is None:
+        walk.append(usage)
+    else:
+        held += usage_held
+    if walk:
+        walked = tuple(walk)
+        held += footprint(walked, known) - sys.getsizeof(walked)
+    return held
+
+
+def _template_held(template: dict[str, Any], known: Mapping[int, int] | None) -> int:
+    """What the template's echoed fields hold (those `response_object` does not write, but the output and tools),
+    encoded first: a non-ASCII string holds a UTF-8 copy once encoded, as each response echoing it soon is."""
+    skipped = NOT_HELD.union(WRITTEN, ("metadata", "usage"))
+    values = tuple(value for key, value in template.items() if key not in skipped)
+    with suppress(TypeError):  # orjson.JSONEncodeError: not JSON (never sent as it is), walked as it is
+        orjson.dumps(values)
+    walked = footprint(values, {**ECHO_DEFAULT_SIZES, **known} if known else ECHO_DEFAULT_SIZES)
+    return walked - sys.getsizeof(values)
 
 
 def _standard_held(

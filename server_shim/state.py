@@ -14,7 +14,7 @@ from .errors import APIError, previous_response_in_progress, previous_response_n
 from .footprint import footprint
 from .history import History
 from .items import Item
-from .response_held import response_held
+from .response_held import Template, made_held, response_held
 from .tools import ChatTools
 
 if TYPE_CHECKING:
@@ -58,8 +58,12 @@ class ResponseState:
     """The previous response's state, when this one may share its tools list (see `shared_tools`)."""
     echo_held: InitVar[Mapping[int, int] | None] = None
     """The footprints of request containers the Response object echoes, measured already (by `id`)."""
+    template: InitVar[Template | None] = None
+    """The memo `response_object` has just copied the Response object from (`response_held.made_held`)."""
 
-    def __post_init__(self, parent: ResponseState | None, echo_held: Mapping[int, int] | None) -> None:
+    def __post_init__(
+        self, parent: ResponseState | None, echo_held: Mapping[int, int] | None, template: Template | None
+    ) -> None:
         # the output is in the history; the tools are counted once, whichever of the two lists holds them
         echoed = self.response.get("tools")
         inherited = parent is not None and self.tools is parent.tools
@@ -73,13 +77,13 @@ class ResponseState:
             tools = footprint((self.tools, echoed))
         if inherited:
             self.base_held += tools
-        self.own_bytes = (
-            STATE_OVERHEAD
-            + self.history.held
-            - self.base_held
-            + response_held(self.response, (self.carry, self.checks, tuple(own_calls(self.call_ids))), echo_held)
-            + tools
+        others = (self.carry, self.checks, tuple(own_calls(self.call_ids)))
+        held = (
+            response_held(self.response, others, echo_held)
+            if template is None
+            else made_held(self.response, others, template, echo_held)
         )
+        self.own_bytes = STATE_OVERHEAD + self.history.held - self.base_held + held + tools
 
     @property
     def id(self) -> str:

@@ -115,7 +115,8 @@ class TurnPlan:
         self.carry = delta.carry if isinstance(delta, Routed) else delta.values
 
     def state(self, response: dict[str, Any], request: CreateRequest, tenant: str | None) -> ResponseState:
-        """What the finished turn leaves for the next one: its Response object, its history through the output."""
+        """What the finished turn leaves for the next one: its Response object (`response_object`'s, from the memo
+        `derived`: see `response_held.made_held`), its history through the output."""
         output = response["output"]
         return ResponseState(  # the first seven by position, in order (keywords cost a dict: see `TurnPlan`)
             response,
@@ -134,6 +135,7 @@ class TurnPlan:
             checks=self.prior_checks | self.checks.states,
             tokens=self.tokens,
             parent=self.previous,
+            template=self.derived,
         )
 
     def backend_request(self, request: CreateRequest, connection_id: str | None, stages: StageClock) -> BackendRequest:

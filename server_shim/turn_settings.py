@@ -59,7 +59,7 @@ SHARED_DERIVATIONS = 16
 class Derived:
     """The request's settings as a turn uses them (see the module's docstring)."""
 
-    __slots__ = ("echo_held", "echo_json", "echoed", "fields", "options", "parts", "response_template")
+    __slots__ = ("echo_held", "echo_json", "echoed", "fields", "options", "parts", "response_template", "template_held")
 
     def __init__(self, request: CreateRequest) -> None:
         echoed, given = echo_of(request)
@@ -75,6 +75,8 @@ class Derived:
         self.response_template: dict[str, Any] | None = None
         """A Response object with the echo, once a turn made one (`events.response_object` copies it, ~1 KB: its
         values are the echo's own objects)."""
+        self.template_held: int | None = None
+        """What the template's echoed fields hold, once a turn's state measured them (`response_held.made_held`)."""
         self.options = chat_options(request)
         """What a Chat Completions backend gets beside the conversation."""
         self.fields = responses_fields(request)

@@ -21,7 +21,8 @@ from server_shim.backends.base import Usage
 from server_shim.events import response_object
 from server_shim.footprint import footprint
 from server_shim.requests import CreateRequest
-from server_shim.response_held import NOT_HELD, response_held
+from server_shim.response_held import NOT_HELD, WRITTEN, made_held, response_held
+from server_shim.turn_settings import Derived
 
 HOSTILE = {
     "many tiny values": {"type": "json_schema", "name": "s", "schema": {"enum": [0] * 5_000}},
@@ -173,3 +174,59 @@ def test_a_response_with_another_field_in_place_of_one_not_held_is_walked_in_ful
     del response[missing]
     response["conversation"] = {"id": "conv_" + "c" * 500}
     assert response_held(response, ({}, {}, ()), None) == _walked(response, ({}, {}, ()))
+
+
+def _made(body: dict[str, Any], derived: Derived | None = None, **outcome: Any) -> tuple[dict[str, Any], Derived]:
+    """A Response object as a WebSocket turn's end makes it: copied from its settings' memo (`Derived`)."""
+    request = CreateRequest.model_validate(orjson.loads(orjson.dumps(body)))
+    derived = derived or Derived(request)
+    echoed = derived.echo(request)
+    return response_object("resp_" + "9" * 32, request, echoed=echoed, memo=derived, **outcome), derived
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bodies,
+    st.none() | usages,
+    ended,
+    st.dictionaries(st.text(max_size=70), st.text(max_size=40), max_size=5),
+    st.lists(st.text(), max_size=9),
+    st.booleans(),
+)
+def test_a_response_copied_from_its_memo_is_sized_as_walked(body, usage, status, checks, calls, measured):
+    """`made_held` takes the template's echo as measured once (on its first response) and sizes the fields
+    `response_object` wrote: the full walk's figure on every response of the memo, hostile echoes included
+    (their containers' footprints given as `request_held` measures them, or walked)."""
+    first, derived = _made(body, status="completed", usage=Usage(1, 1))
+    known = {id(part): footprint(part) for part in derived.parts} if measured else None
+    others = ({"deployment": "d"} if calls else {}, checks, tuple(calls))
+    for response in (first, _made(body, derived, status=status[0], usage=usage, incomplete_reason=status[1])[0]):
+        assert made_held(response, others, derived, known) == _walked(response, others)
+    assert derived.template_held is not None
+
+
+@given(bodies)
+def test_response_object_writes_into_its_copy_only_the_fields_made_held_sizes(body):
+    """`made_held` does not look at the other fields: they must be the template's own objects."""
+    response, derived = _made(body, status="completed", usage=Usage(3, 4, 1))
+    template = derived.response_template
+    assert template is not None and response.keys() == template.keys()
+    written = {key for key in response if response[key] is not template[key]}
+    assert written <= set(WRITTEN) | {"metadata", "usage", "output"}
+
+
+def test_a_response_not_copied_from_the_template_is_sized_as_walked():
+    response, derived = _made({"model": "m"}, status="completed", usage=Usage(3, 4, 1))
+    for changed in ({**response, "conversation": {"id": "conv_1"}}, {**response, "id": 12}):
+        assert made_held(changed, ({}, {}, ()), derived, None) == _walked(changed, ({}, {}, ()))
+
+
+def test_a_template_echoing_non_ascii_text_is_measured_as_encoded():
+    """A non-ASCII string holds its UTF-8 copy once a response echoing it is sent: the template's echo is measured
+    so from the first response, or every later one (sent, then sized) would be held above its figure."""
+    body = {"model": "m", "instructions": "é" * 10_000 + "😀"}
+    first, derived = _made(body, status="completed", usage=Usage(3, 4, 1))
+    made_held(first, ({}, {}, ()), derived, None)
+    later, _ = _made(body, derived, status="completed", usage=Usage(3, 4, 1))
+    orjson.dumps(later)
+    assert made_held(later, ({}, {}, ()), derived, None) == _walked(later, ({}, {}, ()))
