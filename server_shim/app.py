@@ -86,8 +86,8 @@ class ShimState:
     does not make it unready). A store that never answers is more likely a wrong URL than an outage."""
     _draining: asyncio.Task[None] | None = field(default=None, repr=False)
     derivations: SharedDerivations = field(default_factory=SharedDerivations)
-    _passes: PassStarts | None = field(default=None, repr=False)
     """Settings derived lately on any connection (`turn_settings`): a connection's first turn reuses them."""
+    _passes: PassStarts | None = field(default=None, repr=False)
     release: Callable[[str], Awaitable[None]] | None = field(init=False, repr=False)
     """The backend's `release` of a closed connection's state where it keeps some (`ConnectionScoped`), looked up
     once: an `isinstance` against a runtime-checkable protocol walks the protocol's attributes on every call."""

@@ -229,7 +229,8 @@ class ResponsesConnection:
     ) -> None:
         """`request` on its lane, the lane's worker started when it has none: `eagerly` (from the protocol's read,
         outside any task), its first step run here (`eager`), often the whole turn, and a task only for the rest
-        (unless this pass of the loop has started its share of lanes: then in a task, in line, see `passes`);
+        (unless this pass of the loop has started its share of lanes: then in line, started by a later pass as here,
+        see `passes`);
         from the receive loop, in a task of its own (a step run in the receive loop's task would have its
         `current_task()`)."""
         lane = self._lanes.get(stream_id)
