@@ -12,7 +12,8 @@ what waits): a frame waits behind the frames that came before it, about one pass
 most behind any that came after.
 
 What decides is a plain state machine (`PassStarts`); the loop only lends it `call_soon` and futures.
-On one connection, or a few, nothing changes: each pass has fewer than `per_pass` reads.
+On one connection nothing changes (the count starts again whenever nothing else is ready); with a few,
+the count runs on across passes, so now and then a read waits one pass in line.
 """
 
 from __future__ import annotations

@@ -216,7 +216,9 @@ class Trimmer:
     def _fire(self) -> None:
         self._timer = None
         began, cpu = self.clock(), self.cpu_clock()
-        at = check_at(began, self._due(), self._first(), self._busy(), self.poll_s, self.max_busy_s)
+        due = self._due()
+        busy = began >= due and self._busy()  # looked at only once due: a look resets what it counts from
+        at = check_at(began, due, self._first(), busy, self.poll_s, self.max_busy_s)
         if at > began:  # more closes came meanwhile, or responses are in flight
             self._arm(began, at)
             return

@@ -170,6 +170,32 @@ async def test_the_trim_waits_while_turns_finish_and_runs_once_they_stop():
     assert await _until(lambda: settled[-1] == -1)
 
 
+async def test_a_trim_pushed_back_by_a_later_close_still_counts_the_turns_finished_since_it_was_armed():
+    """A look before the trim is due must not restart the count of finished turns: a close that moved the due
+    time a little would otherwise leave only that little gap to be quiet in."""
+    now, finished, settled = [0.0], [0], []
+    trimmer = Trimmer(
+        delay_s=1.0, poll_s=0.25, clock=lambda: now[0], turns=lambda: finished[0], settle=(lambda: settled.append(1),)
+    )
+
+    def fire_at(when: float) -> None:
+        now[0] = when
+        trimmer._fire()
+        if trimmer._timer is not None:  # the test drives the looks itself (a cancelled timer is still pending)
+            trimmer._timer.cancel()
+
+    trimmer.maybe_trim()  # a close at 0: due at 1.0
+    trimmer._timer.cancel()
+    finished[0] = 5  # turns finish meanwhile
+    now[0] = 0.5
+    trimmer.maybe_trim()  # another close: due at 1.5
+    fire_at(1.0)  # not due yet
+    fire_at(1.5)  # due, and turns finished since the first close: wait
+    assert not settled
+    fire_at(1.75)  # none since the last look: now
+    assert settled == [1]
+
+
 def test_the_token_window_holds_a_fixed_number_of_buckets_however_many_turns_pass():
     window = TokenWindow()
     for n in range(100_000):
