@@ -351,7 +351,11 @@ async def test_server_age_limit_close_is_followed_by_a_transparent_reconnect(sta
     server, _ = start(connection_max_age_s=1.0)  # room for a turn on a loaded machine: one close, one reconnect
     async with async_client(server) as client:
         await client.responses.create(model=MODEL, input="hello")
-        await asyncio.sleep(1.3)
+        for _ in range(200):  # the server's age limit has closed it (a fixed sleep raced a slow machine's timer)
+            if not server.shim.connections:
+                break
+            await asyncio.sleep(0.05)
+        assert not server.shim.connections
         assert (await client.responses.create(model=MODEL, input="hello again")).status == "completed"
         assert ws_transport.session_of(client).stats.reconnects == 1
 
