@@ -1,6 +1,6 @@
 """Instructions per turn of the `client` suite's clients, counted by valgrind (callgrind).
 
-    python -m benchmarks.client_instructions [CHECKOUT ...] [--turns 100] [--warm-up 20] [--clients floor,wrap,wrap_async,wrap_stream]
+    python -m benchmarks.client_instructions [CHECKOUT ...] [--turns 100] [--warm-up 20] [--clients floor,floor_typed,wrap,wrap_async,wrap_stream]
 
 The `client` suite's CPU times move with the load of a shared machine by more than most single
 changes save; an instruction count does not. The suite's tool loop (every reply a
@@ -9,13 +9,15 @@ changes save; an instruction count does not. The suite's tool loop (every reply 
 each client runs in its own process under `valgrind --tool=callgrind`, counted only over the
 turns after the warm-up (started and stopped with `callgrind_control` between turns), every
 thread of the process included (the sync client's loop thread). The count is divided by the
-turns and shown as a ratio to the floor client's. Needs valgrind on PATH; ~1-2 minutes a client.
+turns and shown as a ratio to the floor client's, and to the typed floor client's (`floor_typed`:
+the floor client that also makes each event the SDK's typed event, the floor of a streamed call,
+whose every event is handed out typed). Needs valgrind on PATH; ~1-2 minutes a client.
 
 Each CHECKOUT (a directory holding a `ws_transport/`, default this one) has its `ws_transport`
 clients counted in the same run, so a change is compared with its base side by side (e.g. a
 `git archive` of `main` unpacked in /tmp): the loop, the floor server and the floor client are this
 checkout's, only the product modules (`ws_transport`, `chat_mapping`, `server_shim`) are imported
-from the checkout. The floor client is counted once.
+from the checkout. The floor clients are counted once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from .client_cpu import FloorFrames, _call_id, capture, floor_client, wrap_async
 from .common import Subprocess, free_port, shim_command
 from .report import format_table
 
-CLIENTS = ("floor", "wrap", "wrap_async", "wrap_stream")
+CLIENTS = ("floor", "floor_typed", "wrap", "wrap_async", "wrap_stream")
+FLOORS = ("floor", "floor_typed")
+"""Clients of this checkout only, counted once whatever the checkouts."""
 HERE = Path(__file__).resolve().parent.parent
 BOOT = """import sys
 checkout, here = sys.argv[1], sys.argv[2]
@@ -63,8 +67,8 @@ def run_child(name: str, port: int, call_id: str, warm_up: int, turns: int) -> N
 
     base_url, ws_url = f"http://127.0.0.1:{port}/v1", f"ws://127.0.0.1:{port}/v1/responses"
     total = warm_up + turns + 1  # the mark after the last counted turn is a turn's start
-    if name == "floor":
-        asyncio.run(floor_client(ws_url, FloorFrames(call_id), total, before=gate))
+    if name in FLOORS:
+        asyncio.run(floor_client(ws_url, FloorFrames(call_id), total, before=gate, typed=name == "floor_typed"))
     elif name in ("wrap", "wrap_stream"):
         wrap_client(base_url, total, stream=name == "wrap_stream", before=gate)
     else:
@@ -122,7 +126,7 @@ def _wait_mark(stdout: IO[str], log: Path) -> None:
 
 def label(name: str, checkout: Path) -> str:
     """A client's name, with its checkout's when it is not this one."""
-    return name if checkout == HERE or name == "floor" else f"{name}@{checkout.name}"
+    return name if checkout == HERE or name in FLOORS else f"{name}@{checkout.name}"
 
 
 def measure(
@@ -148,7 +152,7 @@ def measure(
         with Subprocess(floor_cmd, ready_url=ready, log_path=Path(scratch) / "floor.log"):
             for checkout in checkouts or [HERE]:
                 for name in clients:
-                    if name == "floor" and "floor" in counts:
+                    if name in FLOORS and name in counts:
                         continue
                     key = label(name, checkout)
                     counts[key] = count(name, floor_port, _call_id(frames[-1]), warm_up, turns, checkout, keep)
@@ -179,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = measure(
         clients, args.warm_up, args.turns, lambda line: print(line, file=sys.stderr, flush=True), args.keep, checkouts
     )
-    floor = counts.get("floor")
-    rows = [["client", "instructions per turn", "x floor"]]
+    floors = [name for name in FLOORS if counts.get(name)]
+    rows = [["client", "instructions per turn", *(f"x {name}" for name in floors)]]
     for name, per_turn in counts.items():
-        rows.append([name, f"{per_turn:,.0f}", f"{per_turn / floor:.2f}" if floor else "-"])
+        rows.append([name, f"{per_turn:,.0f}", *(f"{per_turn / counts[floor]:.2f}" for floor in floors)])
     print(format_table(rows))
     print(f"turns {args.warm_up + 1}-{args.warm_up + args.turns} of the loop, valgrind --tool=callgrind")
     return 0

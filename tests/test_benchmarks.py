@@ -358,7 +358,7 @@ def test_client_suite_measures_each_client_against_the_floor_client_on_the_same_
     replayed = json.loads((tmp_path / "client-events.json").read_text())["1"]
     assert replayed[-1].startswith('{"type":"response.completed"') and '"function_call"' in replayed[-1]
     assert result["events_per_turn"] == len(replayed)
-    assert set(result["clients"]) == {"floor", "wrap", "wrap_async", "wrap_stream", "connect", "http"}
+    assert set(result["clients"]) == {"floor", "floor_typed", "wrap", "wrap_async", "wrap_stream", "connect", "http"}
     for by_mark in result["clients"].values():
         assert _is_stats(by_mark["10"]) and by_mark["10"]["median"] > 0 and by_mark["10"]["x_floor"] > 0
     assert result["clients"]["floor"]["10"]["x_floor"] == 1.0
