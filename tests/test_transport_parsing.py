@@ -368,6 +368,62 @@ def test_every_stream_event_read_parsed_is_the_sdks_object_of_its_sse() -> None:
         assert_same_events(direct_stream(OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1"), events), expected)
 
 
+def sdk_outcome_of_sse(events: list[dict[str, Any]]) -> tuple[list[Any], Exception | None]:
+    """The events the SDK's own `Stream` yields from `events`' SSE before it raises, and what it raises."""
+    body = b"".join(sse_frame(copy.deepcopy(event)) for event in events)
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/responses")
+    response = httpx2.Response(200, headers=SSE_HEADERS, content=body, request=request)
+    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    return _outcome(iter(Stream(cast_to=ResponseStreamEvent, response=response, client=client)))  # type: ignore[arg-type]
+
+
+def direct_outcome(client: OpenAI, events: list[dict[str, Any]]) -> tuple[list[Any], Exception | None]:
+    settled = [sse_event(copy.deepcopy(event)) for event in events]
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/responses")
+    response = httpx2.Response(200, headers=SSE_HEADERS, content=b"", request=request)
+    return _outcome(iter(_sdk.event_stream(client, response, lambda: iter(settled))))
+
+
+def _outcome(stream: Iterator[Any]) -> tuple[list[Any], Exception | None]:
+    got: list[Any] = []
+    try:
+        got.extend(stream)
+    except Exception as exc:
+        return got, exc
+    return got, None
+
+
+DELTA = {"type": "response.output_text.delta", "item_id": "i", "output_index": 0, "content_index": 0, "delta": "d"}
+ODD_EVENTS = {
+    "a truthy error with a message": {**DELTA, "sequence_number": 1, "error": {"message": "boom", "code": "c"}},
+    "an error with no message": {**DELTA, "sequence_number": 1, "error": {"code": "c"}},
+    "an error with a message that is no string": {**DELTA, "sequence_number": 1, "error": {"message": 5}},
+    "an error that is a string": {**DELTA, "sequence_number": 1, "error": "boom"},
+    "a null error": {**DELTA, "sequence_number": 1, "error": None},
+    "an empty error": {**DELTA, "sequence_number": 1, "error": {}},
+    "an Assistants thread event": {"type": "thread.run.created", "sequence_number": 1, "id": "run_1"},
+    "an event with no type": {"sequence_number": 1, "delta": "d"},
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_EVENTS))
+def test_a_direct_stream_raises_and_hands_on_odd_events_as_the_sdks_stream_does(case: str) -> None:
+    events = [{**DELTA, "sequence_number": 0}, ODD_EVENTS[case], {**DELTA, "sequence_number": 2}]
+    expected, raised = sdk_outcome_of_sse(events)
+    for client in (fast_client(), OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")):
+        got, got_raised = direct_outcome(client, events)
+        assert [type(e) for e in got] == [type(e) for e in expected]
+        assert [difference(a, b) for a, b in zip(got, expected, strict=True)] == [None] * len(got)
+        assert type(got_raised) is type(raised)
+        if raised is not None:
+            assert str(got_raised) == str(raised)
+            assert got_raised.body == raised.body  # type: ignore[attr-defined]
+            assert str(got_raised.request.url) == str(raised.request.url)  # type: ignore[attr-defined]
+    assert (raised is None) == (
+        case in ("a null error", "an empty error", "an Assistants thread event", "an event with no type")
+    )
+
+
 # The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.
 
 FUNCTION = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}

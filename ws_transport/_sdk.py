@@ -19,12 +19,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx2
-import orjson
 import pydantic
-from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
+from openai import APIError, AsyncOpenAI, AsyncStream, OpenAI, Stream
 from openai._base_client import make_request_options
 from openai._models import add_request_id
-from openai._streaming import ServerSentEvent
 from openai._types import NOT_GIVEN, NotGiven
 
 try:
@@ -207,14 +205,16 @@ def endpoint_url(client: Client, path: str) -> Any:
 
 
 def event_stream(client: Client, response: Any, events: Callable[[], Any]) -> Any:
-    """The SDK's `Stream` (`AsyncStream`) of `responses.create(stream=True)` over an SSE `response`, made as
-    the SDK's pipeline makes it of the transport's answer: the SDK parses its events, each read as the JSON
-    `events()` yields (an iterator for a sync client, an async one for an async client) instead of
-    decoded from the body's SSE bytes, which are the same events encoded (`_ParsedEvents`)."""
-    event: Any = ResponseStreamEvent  # a union (the chunk type the SDK reads off `Stream[ResponseStreamEvent]`)
-    kind = _ASYNC_EVENT_STREAM if isinstance(client, AsyncOpenAI) else _EVENT_STREAM
-    stream = kind(cast_to=event, response=response, client=client)
-    stream._decoder = _ParsedEvents(events)  # read when the stream is first iterated, never before
+    """The SDK's `Stream` (`AsyncStream`) of `responses.create(stream=True)` over an SSE `response`, made as the
+    SDK's pipeline makes it of the transport's answer, whose events are those `events()` yields (an iterator
+    for a sync client, an async one for an async client) as parsed JSON, read as the SDK reads the JSON of
+    each SSE event (`_read_events`) instead of decoded from the body's bytes, which are the same events encoded."""
+    if isinstance(client, AsyncOpenAI):
+        stream = _ASYNC_EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
+        stream._iterator = _aread_events(stream, events)
+    else:
+        stream = _EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
+        stream._iterator = _read_events(stream, events)
     return stream
 
 
@@ -223,38 +223,46 @@ _ASYNC_EVENT_STREAM: Any = AsyncStream[ResponseStreamEvent]
 """Subscripted once: each `Stream[...]` looks up its cached alias by the union's hash (~60 variants hashed)."""
 
 
-class _ParsedEvents:
-    """A stream's SSE decoder (the SDK's `SSEBytesDecoder`) whose events come parsed: the SDK hands it the body's
-    bytes, which it leaves unread, and gets from it the events the body stands for. Encoding each event to
-    SSE and decoding it again (the SDK's SSE parser and `json.loads`, in Python) cost a streamed turn more
-    than its events' validation; the SDK's `Stream` reads the same JSON either way."""
+def _read_events(stream: Any, events: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[Any]:
+    """What the SDK's `Stream.__stream__` makes of the SSE events that carry `events()`, each read from its JSON.
 
-    def __init__(self, events: Callable[[], Any]) -> None:
-        self.events = events
+    Its loop, for events that are JSON objects named by their `type` (as the HTTP stream names each) and
+    none of them `[DONE]`, in a stream made with no request options (the SDK's "legacy" mode): an event whose
+    JSON has a truthy `error` raises the SDK's `APIError`, a `thread.*` event is handed to the parser wrapped
+    with its name, any other as it is; the response is closed however the loop ends. Encoding each event to
+    SSE and decoding it again (the SDK's SSE parser and `json.loads`, in Python) cost a streamed turn more than
+    its events' validation, and the SDK's loop over an `SSEStream` of parsed events about a tenth of it again.
+    `tests/test_transport_parsing.py` compares the two on every event type, on each supported `openai` major."""
+    process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
+    try:
+        for data in events():
+            yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
+    finally:
+        response.close()
 
-    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[ServerSentEvent]:
-        for event in self.events():
-            yield _ParsedEvent(event)
 
-    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
-        async for event in self.events():
-            yield _ParsedEvent(event)
+async def _aread_events(stream: Any, events: Callable[[], AsyncIterator[dict[str, Any]]]) -> AsyncIterator[Any]:
+    """`_read_events` for an `AsyncStream`."""
+    process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
+    try:
+        async for data in events():
+            yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
+    finally:
+        await response.aclose()
 
 
-class _ParsedEvent(ServerSentEvent):
-    """An SSE event with its JSON parsed: named by its type, as the HTTP stream names it."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        super().__init__(event=str(data.get("type")))
-        self._parsed = data
-
-    @property
-    def data(self) -> str:
-        """The JSON text, encoded when read (the SDK's `Stream` reads it only to look for its `[DONE]` mark)."""
-        return orjson.dumps(self._parsed).decode()
-
-    def json(self) -> Any:
-        return self._parsed
+def _as_read(data: dict[str, Any], response: Any) -> Any:
+    """An event's JSON as the SDK's `Stream` hands it to the parser; raises its `APIError` for a truthy `error`."""
+    kind = str(data.get("type"))
+    if kind.startswith("thread."):  # an Assistants event: its JSON has no name of its own
+        return {"data": data, "event": kind}
+    error = data.get("error")
+    if error:
+        message = error.get("message") if isinstance(error, Mapping) else None
+        if not message or not isinstance(message, str):
+            message = "An error occurred during streaming"
+        raise APIError(message=message, request=response.request, body=error)
+    return data
 
 
 def input_json(items: Any) -> bytes:
