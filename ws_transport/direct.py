@@ -8,7 +8,8 @@ and makes the SDK's own `Response` of the terminal event with the SDK's own pars
 the same JSON from an HTTP body (`_sdk.parse_response`): the caller gets the same object. A
 streamed turn gets the SDK's own `Stream` (`_sdk.event_stream`) over the answer the transport gives
 the SDK, so the SDK's code makes and raises what it does over that answer; its `response` is that
-answer, to a bare `POST` of the endpoint (no headers: the SDK built none). The `Stream` reads each
+answer, to a bare `POST` of the endpoint (no headers: the SDK built none; one request object for the
+client's streams while its binding holds). The `Stream` reads each
 event's JSON as the session parsed it (`replies.EventBody`), not encoded to SSE and decoded again
 (which cost a 1-token turn ~1.05M instructions, more than the rest of its events' reading).
 
@@ -54,8 +55,10 @@ class Binding:
     """What a client's turn through the SDK taught: its upgrade headers, valid while `key` holds."""
 
     key: tuple[Any, ...]
-    url: Any
-    """The `/responses` URL the SDK posts to (an URL of the client's httpx library): a stream's request."""
+    request: Any
+    """What a stream's response answers: a bare `POST` of the `/responses` URL the SDK posts to (of the client's
+    httpx library), one for every stream of the binding: building an httpx request cost a streamed turn ~70k
+    instructions, a tenth of a floor turn."""
     headers: Headers
     credentials: tuple[Headers, Credentials]
     """The headers with what `credentials_of` makes of them, worked out once for every turn they serve."""
@@ -88,7 +91,8 @@ class DirectPath:
         if key is not None and turn.on_socket:
             headers = list(turn.headers)
             url = _sdk.endpoint_url(self.client, "/responses")
-            self.binding = Binding(key, url, headers, (headers, credentials_of(headers)))
+            request = _http.module_of(url).Request("POST", url)
+            self.binding = Binding(key, request, headers, (headers, credentials_of(headers)))
 
     def takes(self, kwargs: dict[str, Any], turn: TurnRequest) -> bool:
         """Whether this call may skip the SDK's pipeline (then `turn.headers` are set for it)."""
@@ -150,10 +154,9 @@ class DirectPath:
         return self.session.events(turn, read_timeout=read_timeout(self.client.timeout))
 
     def _request(self) -> Any:
-        """The request a stream's response answers: a bare `POST` of the endpoint."""
+        """The request a stream's response answers (`Binding.request`)."""
         assert self.binding is not None
-        url = self.binding.url
-        return _http.module_of(url).Request("POST", url)
+        return self.binding.request
 
     async def _final(self, turn: TurnRequest) -> dict[str, Any] | None:
         """The terminal event's response JSON, or None when the turn did not end in one."""
