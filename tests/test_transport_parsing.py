@@ -33,7 +33,7 @@ from pydantic_core import SchemaError, SchemaValidator
 import ws_transport
 from server_shim import BackgroundServer, Settings, create_app
 from tests.support.sdk_shapes import difference, shape
-from ws_transport import _sdk, parsing
+from ws_transport import _http, _sdk, parsing
 from ws_transport.replies import SSE_HEADERS, AsyncEventBody, EventBody, sse_event, sse_frame
 
 MODEL = "simulated-1"
@@ -422,6 +422,30 @@ def test_a_direct_stream_raises_and_hands_on_odd_events_as_the_sdks_stream_does(
     assert (raised is None) == (
         case in ("a null error", "an empty error", "an Assistants thread event", "an event with no type")
     )
+
+
+@pytest.mark.parametrize("lost", ["RemoteProtocolError", "ReadTimeout"])
+def test_a_direct_stream_cut_mid_way_raises_what_the_sdks_stream_raises_over_a_cut_body(lost: str) -> None:
+    client = OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    http = _http.module_of(_sdk.endpoint_url(client, "/responses"))
+    request = http.Request("POST", "http://127.0.0.1:9/v1/responses")
+    first = {**DELTA, "sequence_number": 0}
+
+    def cut() -> Iterator[Any]:
+        yield first
+        raise getattr(http, lost)("cut", request=request)
+
+    class CutBody(http.SyncByteStream):  # type: ignore[name-defined,misc]
+        def __iter__(self) -> Iterator[bytes]:
+            yield sse_frame(copy.deepcopy(first))
+            raise getattr(http, lost)("cut", request=request)
+
+    over_http = http.Response(200, headers=SSE_HEADERS, stream=CutBody(), request=request)
+    expected = _outcome(iter(Stream(cast_to=ResponseStreamEvent, response=over_http, client=client)))  # type: ignore[arg-type]
+    direct = http.Response(200, headers=SSE_HEADERS, content=b"", request=request)
+    got = _outcome(iter(_sdk.event_stream(client, direct, cut)))
+    assert [e.type for e in got[0]] == [e.type for e in expected[0]] == [first["type"]]
+    assert type(got[1]) is type(expected[1]) and expected[1] is not None
 
 
 # The shim's own responses: every kind of turn takes the fast path and reads as over HTTP.

@@ -211,10 +211,11 @@ def event_stream(client: Client, response: Any, events: Callable[[], Any]) -> An
     each SSE event (`_read_events`) instead of decoded from the body's bytes, which are the same events encoded."""
     if isinstance(client, AsyncOpenAI):
         stream = _ASYNC_EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
-        stream._iterator = _aread_events(stream, events)
+        stream._iterator = _aread_events(stream)
     else:
         stream = _EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
-        stream._iterator = _read_events(stream, events)
+        stream._iterator = _read_events(stream)
+    stream._decoder = _ParsedEvents(events)
     return stream
 
 
@@ -223,29 +224,45 @@ _ASYNC_EVENT_STREAM: Any = AsyncStream[ResponseStreamEvent]
 """Subscripted once: each `Stream[...]` looks up its cached alias by the union's hash (~60 variants hashed)."""
 
 
-def _read_events(stream: Any, events: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[Any]:
-    """What the SDK's `Stream.__stream__` makes of the SSE events that carry `events()`, each read from its JSON.
+class _ParsedEvents:
+    """A stream's SSE decoder (the SDK's `SSEBytesDecoder`) whose events come parsed: the SDK's `Stream` hands it the
+    body's bytes, which it leaves unread, and gets from it the JSON of the events the body stands for, read through
+    the SDK's own `_iter_events` (which makes its exceptions of the transport's, as each release does)."""
+
+    def __init__(self, events: Callable[[], Any]) -> None:
+        self.events = events
+
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+        return self.events()  # type: ignore[no-any-return]
+
+    def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+        return self.events()  # type: ignore[no-any-return]
+
+
+def _read_events(stream: Any) -> Iterator[Any]:
+    """What the SDK's `Stream.__stream__` makes of the SSE events that carry the stream's events (`_ParsedEvents`),
+    each read from its JSON.
 
     Its loop, for events that are JSON objects named by their `type` (as the HTTP stream names each) and
     none of them `[DONE]`, in a stream made with no request options (the SDK's "legacy" mode): an event whose
     JSON has a truthy `error` raises the SDK's `APIError`, a `thread.*` event is handed to the parser wrapped
     with its name, any other as it is; the response is closed however the loop ends. Encoding each event to
     SSE and decoding it again (the SDK's SSE parser and `json.loads`, in Python) cost a streamed turn more than
-    its events' validation, and the SDK's loop over an `SSEStream` of parsed events about a tenth of it again.
+    its events' validation, and the SDK's loop over SSE objects made of the parsed events a tenth of it again.
     `tests/test_transport_parsing.py` compares the two on every event type, on each supported `openai` major."""
     process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
     try:
-        for data in events():
+        for data in stream._iter_events():
             yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
     finally:
         response.close()
 
 
-async def _aread_events(stream: Any, events: Callable[[], AsyncIterator[dict[str, Any]]]) -> AsyncIterator[Any]:
+async def _aread_events(stream: Any) -> AsyncIterator[Any]:
     """`_read_events` for an `AsyncStream`."""
     process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
     try:
-        async for data in events():
+        async for data in stream._iter_events():
             yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
     finally:
         await response.aclose()
