@@ -161,6 +161,17 @@ class Connection:
         except ConnectionClosed as exc:
             raise ConnectionLost(*close_info(self.socket)) from exc
 
+    def queued(self, lane: str | None) -> dict[str, Any] | None:
+        """The lane's next event when one is already queued (a stream reads its events so, without a coroutine
+        each); None: wait for it with `next_event` (which raises for a closed socket's mark)."""
+        inbox = self.lanes[lane]
+        if not inbox.events:
+            return None
+        item = inbox.events[0]
+        if isinstance(item, Closed):
+            return None
+        return inbox.events.popleft()  # type: ignore[return-value]
+
     async def next_event(self, lane: str | None, timeout: float | None) -> dict[str, Any]:
         """The lane's next event; `TimeoutError` when none came within `timeout` seconds."""
         inbox = self.lanes[lane]

@@ -8,6 +8,7 @@ lost mid-stream reads as a dropped HTTP stream.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
@@ -175,8 +176,7 @@ class EventBody(*_http.bases("SyncByteStream")):  # type: ignore[misc]
             yield b"".join(map(sse_bytes, batch))
 
     def events(self) -> Iterator[dict[str, Any]]:
-        for batch in self.batches:
-            yield from batch
+        return itertools.chain.from_iterable(self.batches)  # no generator of ours resumed per event
 
     def close(self) -> None:
         self.chunks.close()

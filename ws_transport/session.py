@@ -114,6 +114,7 @@ class Session:
         """
         self._check_loop()
         attempts = TurnAttempts(self.options.reconnect, self.frame_limit)
+        observed = self.options.on_event is not None
         while True:
             conn, lane = await self._acquire(turn)
             try:
@@ -135,7 +136,8 @@ class Session:
                             if trailing is not None:
                                 yield trailing
                             return
-                        event = await self._next_event(conn, lane, read_timeout)
+                        queued = None if observed else conn.queued(lane)
+                        event = await self._next_event(conn, lane, read_timeout) if queued is None else queued
             except ConnectionLost as lost:
                 self._after_close(lost, turn, attempts)
             finally:
