@@ -238,7 +238,17 @@ def ctrl_c_at(kind: str, who: str) -> Any:
     return observe
 
 
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler for the test: a run started in the background of a shell without job control
+    (`.ci/run &`) inherits SIGINT ignored, and then `_thread.interrupt_main` does nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.timeout(30)
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_ctrl_c_while_the_loop_runs_another_threads_turn_interrupts_only_the_callers_turn(
     paced: BackgroundServer,
 ) -> None:
@@ -246,7 +256,6 @@ def test_ctrl_c_while_the_loop_runs_another_threads_turn_interrupts_only_the_cal
     thread. The main thread's call ends with `KeyboardInterrupt`, the other thread's turn completes, and the
     client's next call works. Before: the interrupt was raised inside the other thread's turn (that thread got
     `KeyboardInterrupt`), and out of the main thread's loop."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     observe = ctrl_c_at("response.created", "other")
     other: list[Any] = []
 
@@ -277,13 +286,13 @@ def test_ctrl_c_while_the_loop_runs_another_threads_turn_interrupts_only_the_cal
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_ctrl_c_while_a_stream_waits_for_its_next_event_ends_that_call_and_the_next_call_works(
     paced: BackgroundServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Ctrl-C (from another thread, as a terminal's is) while the main thread's loop waits for its stream's next
     event: the iteration raises `KeyboardInterrupt` (not a read error, not a silent end), nothing is logged as an
     error, and the next streamed call reads every event."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     client = ws_transport.wrap(OpenAI(base_url=paced.base_url, api_key="k", max_retries=0))
     try:
         events = iter(client.responses.create(model=MODEL, input="a", max_output_tokens=50, stream=True))
