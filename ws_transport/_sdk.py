@@ -248,10 +248,10 @@ def _read_events(stream: Any) -> Iterator[Any]:
     JSON has a truthy `error` raises the SDK's `APIError`, a `thread.*` event is handed to the parser wrapped
     with its name, any other as it is; the response is closed however the loop ends (as openai 2.x and 3.x
     close it; 1.x leaves it open after an error or an unfinished stream, which frees the turn's lane only when
-    the stream is closed or collected). Encoding each event to
-    SSE and decoding it again (the SDK's SSE parser and `json.loads`, in Python) cost a streamed turn more than
-    its events' validation, and the SDK's loop over SSE objects made of the parsed events a tenth of it again.
-    `tests/test_transport_parsing.py` compares the two on every event type, on each supported `openai` major."""
+    the stream is closed or collected). Encoding each event to SSE and decoding it again (the SDK's SSE parser
+    and `json.loads`, in Python) cost a streamed turn more than its events' validation, and the SDK's loop over
+    SSE objects made of the parsed events a tenth of it again. `tests/test_transport_parsing.py` compares the
+    two on every event type, on each supported `openai` major."""
     process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
     try:
         for data in stream._iter_events():
