@@ -18,6 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.responses import Response
 
 import ws_transport
+from ws_transport import chaining
 from server_shim import BackgroundServer, Settings, create_app
 
 MODEL = "simulated-1"
@@ -197,6 +198,50 @@ def test_a_sync_stream_whose_events_came_together_is_sent_read_and_closed_in_one
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
         assert calls == ["_opened"]
         assert stream.response.is_closed
+
+
+def test_a_streamed_turns_output_objects_chain_the_next_turn_by_identity(
+    server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a call's `Response` does, a stream's terminal event lends its output objects to the chain: a history
+    made of them matches without an item dumped and compared as JSON (that cost a streamed turn ~60k
+    instructions, more than its portal call)."""
+    dumped: list[Any] = []
+    canonical = chaining.canonical
+    monkeypatch.setattr(chaining, "canonical", lambda value: dumped.append(value) or canonical(value))
+    with wrapped(server, Requests()) as client:
+        history: list[Any] = [user("hello")]
+        history += client.responses.create(model=MODEL, input=history).output  # the SDK's turn opens the path
+        for turn in range(3):
+            with client.responses.create(model=MODEL, input=[*history, user(f"more {turn}")], stream=True) as stream:
+                events = list(stream)
+            output = events[-1].response.output
+            history += [user(f"more {turn}"), *output]
+        assert ws_transport.session_of(client).stats.turns_chained == 3
+    assert dumped == []
+
+
+def test_an_async_streamed_turns_output_objects_chain_the_next_turn_by_identity(
+    server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dumped: list[Any] = []
+    canonical = chaining.canonical
+    monkeypatch.setattr(chaining, "canonical", lambda value: dumped.append(value) or canonical(value))
+
+    async def main() -> int:
+        async with ws_transport.wrap(AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)) as client:
+            history: list[Any] = [user("hello")]
+            history += (await client.responses.create(model=MODEL, input=history)).output
+            for turn in range(3):
+                history.append(user(f"more {turn}"))
+                stream = await client.responses.create(model=MODEL, input=history, stream=True)
+                async with stream:
+                    events = [event async for event in stream]
+                history += events[-1].response.output
+            return ws_transport.session_of(client).stats.turns_chained
+
+    assert asyncio.run(main()) == 3
+    assert dumped == []
 
 
 def test_the_async_client_streams_on_the_direct_path_too(server: BackgroundServer) -> None:

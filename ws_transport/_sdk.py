@@ -31,7 +31,13 @@ except ImportError:  # a release without `omit`
     Omit = None  # type: ignore[assignment,misc]
 from openai._utils import is_given, transform
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
-from openai.types.responses import Response, ResponseInputParam, ResponseStreamEvent
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseIncompleteEvent,
+    ResponseInputParam,
+    ResponseStreamEvent,
+)
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import SecurityError
@@ -204,17 +210,20 @@ def endpoint_url(client: Client, path: str) -> Any:
     return client._prepare_url(path)
 
 
-def event_stream(client: Client, response: Any, events: Callable[[], Any]) -> Any:
+def event_stream(
+    client: Client, response: Any, events: Callable[[], Any], final: Callable[[Response], None] = lambda _: None
+) -> Any:
     """The SDK's `Stream` (`AsyncStream`) of `responses.create(stream=True)` over an SSE `response`, made as the
     SDK's pipeline makes it of the transport's answer, whose events are those `events()` yields (an iterator
     for a sync client, an async one for an async client) as parsed JSON, read as the SDK reads the JSON of
-    each SSE event (`_read_events`) instead of decoded from the body's bytes, which are the same events encoded."""
+    each SSE event (`_read_events`) instead of decoded from the body's bytes, which are the same events encoded.
+    `final` gets the `Response` of a `response.completed` or `response.incomplete` event as the caller gets it."""
     if isinstance(client, AsyncOpenAI):
         stream = _ASYNC_EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
-        stream._iterator = _aread_events(stream)
+        stream._iterator = _aread_events(stream, final)
     else:
         stream = _EVENT_STREAM(cast_to=ResponseStreamEvent, response=response, client=client)
-        stream._iterator = _read_events(stream)
+        stream._iterator = _read_events(stream, final)
     stream._decoder = _ParsedEvents(events)
     return stream
 
@@ -239,7 +248,7 @@ class _ParsedEvents:
         return self.events()  # type: ignore[no-any-return]
 
 
-def _read_events(stream: Any) -> Iterator[Any]:
+def _read_events(stream: Any, final: Callable[[Response], None]) -> Iterator[Any]:
     """What the SDK's `Stream.__stream__` makes of the SSE events that carry the stream's events (`_ParsedEvents`),
     each read from its JSON.
 
@@ -251,23 +260,34 @@ def _read_events(stream: Any) -> Iterator[Any]:
     the stream is closed or collected). Encoding each event to SSE and decoding it again (the SDK's SSE parser
     and `json.loads`, in Python) cost a streamed turn more than its events' validation, and the SDK's loop over
     SSE objects made of the parsed events a tenth of it again. `tests/test_transport_parsing.py` compares the
-    two on every event type, on each supported `openai` major."""
+    two on every event type, on each supported `openai` major. `final` sees a terminal event's `Response` before
+    the caller does (`event_stream`)."""
     process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
     try:
         for data in stream._iter_events():
-            yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
+            event = process(data=_as_read(data, response), cast_to=cast_to, response=response)
+            if type(event) in _FINAL_EVENTS:
+                final(event.response)
+            yield event
     finally:
         response.close()
 
 
-async def _aread_events(stream: Any) -> AsyncIterator[Any]:
+async def _aread_events(stream: Any, final: Callable[[Response], None]) -> AsyncIterator[Any]:
     """`_read_events` for an `AsyncStream`."""
     process, cast_to, response = stream._client._process_response_data, stream._cast_to, stream.response
     try:
         async for data in stream._iter_events():
-            yield process(data=_as_read(data, response), cast_to=cast_to, response=response)
+            event = process(data=_as_read(data, response), cast_to=cast_to, response=response)
+            if type(event) in _FINAL_EVENTS:
+                final(event.response)
+            yield event
     finally:
         await response.aclose()
+
+
+_FINAL_EVENTS = frozenset({ResponseCompletedEvent, ResponseIncompleteEvent})
+"""The typed events that carry a turn's complete `Response` (its output is the chain's newest items)."""
 
 
 def _as_read(data: dict[str, Any], response: Any) -> Any:

@@ -31,7 +31,8 @@ Once a stream has its first event, what comes after reads as it reads through th
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+import functools
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -138,7 +139,7 @@ class DirectPath:
         if stream is None:
             return None
         body = EventBody(stream)  # lists, which join as bytes do
-        return _sdk.event_stream(self.client, sse_response(body, request), body.events)
+        return _sdk.event_stream(self.client, sse_response(body, request), body.events, self._adopter(turn))
 
     async def async_stream(self, turn: TurnRequest) -> Any:
         """The async client's streamed turn (the SDK's `AsyncStream`); None: send it through the SDK."""
@@ -148,7 +149,13 @@ class DirectPath:
             return None
         request = self._request()
         body = AsyncEventBody(SSEStream(first, events, request, event_chunk))
-        return _sdk.event_stream(self.client, sse_response(body, request), body.events)
+        return _sdk.event_stream(self.client, sse_response(body, request), body.events, self._adopter(turn))
+
+    def _adopter(self, turn: TurnRequest) -> Callable[[Response], None]:
+        """What a stream does with its terminal `Response`: lend its output objects to the chain, as a call's
+        `Response` does (`Session.adopt`), so the caller's history made of them matches by identity next turn
+        instead of each item dumped and compared as JSON."""
+        return functools.partial(self.session.adopt, turn)
 
     def _events(self, turn: TurnRequest) -> AsyncGenerator[dict[str, Any], None]:
         return self.session.events(turn, read_timeout=read_timeout(self.client.timeout))

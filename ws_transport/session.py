@@ -263,6 +263,12 @@ class Session:
             text = "sent turn on socket #%d lane %s: chained=%s new_items=%d frame=%dB http_equivalent=%dB"
             log.debug("ws_transport: " + text, conn.generation, lane, chained, new, size, http_equivalent)
 
+    def adopt(self, turn: TurnRequest, response: Any) -> None:
+        """The turn's complete `Response`, as its caller got it, lends its output objects to the chain the turn
+        recorded: the caller's next history holds those very objects, which then match by identity."""
+        if turn.recorded is not None:
+            self.chains.adopt_output(turn.recorded, response.output)
+
     def _record(self, turn: TurnRequest, event: dict[str, Any], generation: int) -> None:
         response = event.get("response") or {}
         response_id = response.get("id")

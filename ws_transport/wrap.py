@@ -203,8 +203,8 @@ def _ticket(session: Session, turn: TurnRequest, kwargs: dict[str, Any]) -> Iter
 
 def _adopted(session: Session, turn: TurnRequest, result: Any) -> Any:
     """The call's result; a complete `Response` lends its output objects to the chain (identity matches next turn)."""
-    if turn.recorded is not None and isinstance(result, Response):
-        session.chains.adopt_output(turn.recorded, result.output)
+    if isinstance(result, Response):
+        session.adopt(turn, result)
     return result
 
 
