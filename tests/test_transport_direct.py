@@ -18,8 +18,8 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.responses import Response
 
 import ws_transport
-from ws_transport import chaining
 from server_shim import BackgroundServer, Settings, create_app
+from ws_transport import chaining
 
 MODEL = "simulated-1"
 
