@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
+import warnings
 from collections.abc import AsyncGenerator
 
 import httpx2
 import pytest
 
 from ws_transport import SessionClosed
+from ws_transport import portal as portal_module
 from ws_transport.ownership import KEEPER, Move, Ownership
 from ws_transport.portal import Portal, PortalStream
 
@@ -377,3 +380,24 @@ def test_ownership_decides_who_runs_the_loop() -> None:
     own.stopped = True
     with pytest.raises(SessionClosed):
         own.take(6, can_drive=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_from_a_worker_thread_takes_that_thread_for_the_main_one() -> None:
+    """Ctrl-C is watched for calls on the main thread only (`Interrupt`); the portal keeps that thread's ident,
+    which in a child forked from another thread is the forking thread's."""
+    forked: list[int] = []
+
+    def fork() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # forking a process with threads
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0 if portal_module._main_ident[0] == threading.get_ident() else 1)
+        forked.append(pid)
+
+    worker = threading.Thread(target=fork)
+    worker.start()
+    worker.join()
+    _, status = os.waitpid(forked[0], 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from openai.types.responses import Response
 
@@ -42,7 +42,7 @@ from . import _http, _sdk
 from .errors import ConnectionLost, SessionClosed, TurnRejected, UpgradeRejected, UseHTTP
 from .headers import Credentials, Headers, credentials_of
 from .policy import SessionState
-from .portal import AsyncChunks, Portal, PortalStream
+from .portal import Portal, PortalStream
 from .replies import AsyncEventBody, EventBody, SSEStream, event_chunk, sse_response
 from .session import Session
 from .turn import TurnRequest
@@ -195,7 +195,7 @@ async def _opened(
     if first is None:
         return None
     chunks = SSEStream(first, events, request, event_chunk)
-    stream = PortalStream(cast(AsyncChunks, chunks), portal, turn.ready)
+    stream = PortalStream(chunks, portal, turn.ready)  # type: ignore[arg-type]  # lists for bytes; no `cast` call
     await stream.read_ahead()
     return stream
 

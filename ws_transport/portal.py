@@ -32,7 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from . import _http
 from .errors import SessionClosed
-from .ownership import IDLE_S, KEEPER, Move, Ownership
+from .ownership import ASK, DRIVE, HAND, IDLE_S, KEEPER, WAIT, Move, Ownership
 
 T = TypeVar("T")
 
@@ -43,6 +43,8 @@ get_handler: Callable[[int], Any] = _signal.getsignal
 """The C functions: `signal.signal` and `signal.getsignal` convert to and from enums, ~10 us a call on 3.11."""
 SIGINT, default_int_handler = int(signal.SIGINT), signal.default_int_handler
 running_loop = asyncio.events._get_running_loop
+_main_ident = [main_thread().ident]
+"""The main thread's ident (`threading.main_thread().ident` is two Python calls), made afresh in a forked child."""
 _portals: weakref.WeakSet[Portal] = weakref.WeakSet()
 _inherited: list[asyncio.AbstractEventLoop] = []
 """The loops a forked child inherited, kept open and alive there for good: closing one, or collecting it (which
@@ -51,7 +53,9 @@ closes it), would take the parent's sockets out of the epoll instance both proce
 
 def _after_fork_in_child() -> None:
     """A forked child starts its portals afresh: a loop of its own (so the session opens sockets of its own:
-    the inherited ones are the parent's), a lock nobody holds, no keeper (no thread survives a fork)."""
+    the inherited ones are the parent's), a lock nobody holds, no keeper (no thread survives a fork). Runs after
+    `threading`'s own hook (registered first), which made the forking thread the child's main thread."""
+    _main_ident[0] = main_thread().ident
     for portal in list(_portals):
         portal._forked()
 
@@ -91,7 +95,7 @@ class Portal:
         if self._runs_the_loop(me, running):
             coro.close()
             raise RuntimeError("waiting on the portal from the thread running its loop would deadlock")
-        if me != main_thread().ident or get_handler(SIGINT) is not default_int_handler:
+        if me != _main_ident[0] or get_handler(SIGINT) is not default_int_handler:
             return self._call(me, running is None, coro, timeout, None)
         interrupt = Interrupt()
         set_handler(SIGINT, interrupt)
@@ -110,7 +114,7 @@ class Portal:
         except BaseException:
             coro.close()
             raise
-        if move is not Move.DRIVE:
+        if move is not DRIVE:
             handoff = Handoff(self, loop, coro)
             if interrupt is not None:
                 interrupt.watch(handoff)
@@ -136,12 +140,12 @@ class Portal:
         with self._lock:
             move = self._own.take(me, can_drive=can_drive)
             loop = self._loop or self._start()
-            while move is Move.ASK or move is Move.WAIT:
-                if move is Move.ASK:
+            while move is ASK or move is WAIT:
+                if move is ASK:
                     loop.call_soon_threadsafe(loop.stop)
                 self._changed.wait()
                 move = self._own.take(me, can_drive=can_drive)
-            if move is Move.HAND and self._own.driver is None:
+            if move is HAND and self._own.driver is None:
                 self._changed.notify_all()  # nobody runs the loop and this thread cannot: the keeper must
             return loop, move
 
@@ -271,6 +275,8 @@ class Call:
     in `Ownership.handed` until it ends.
     """
 
+    __slots__ = ("coro", "driven", "expired", "loop", "outcome", "portal", "task")
+
     def __init__(
         self, portal: Portal, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], *, driven: bool
     ) -> None:
@@ -331,6 +337,8 @@ class Handoff(Call):
     """A call handed to the thread running the loop: one lock is the whole hand-over, released by the
     task as it ends (`run_coroutine_threadsafe`'s future, condition and chained callbacks cost more)."""
 
+    __slots__ = ("_finished",)
+
     def __init__(self, portal: Portal, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> None:
         super().__init__(portal, loop, coro, driven=False)
         self._finished = threading.Lock()
@@ -360,6 +368,8 @@ class Interrupt:
     does, the interrupt cancels the caller's call instead: its turn is given up as a cancelled task's is (its
     socket retired if the response was under way: the next call opens another) and the caller gets
     `KeyboardInterrupt` once it has ended. A second Ctrl-C raises at once (a call that does not end)."""
+
+    __slots__ = ("call", "count")
 
     def __init__(self) -> None:
         self.count = 0
