@@ -311,6 +311,36 @@ async def test_tcp_drop_before_completion_reconnects_and_resends_in_full() -> No
     assert [f["input"] for f in frames] == [[user("hi")], [user("hi")]]
 
 
+async def test_a_final_output_of_null_from_a_server_out_of_spec_reaches_the_caller_as_over_http() -> None:
+    """A direct stream's terminal event, and a call's `Response`, lend their output objects to the chain: an
+    output that is not a list is left alone (it raised `TypeError` in the caller's loop, before the event)."""
+    frames: list[dict[str, Any]] = []
+
+    async def handler(socket: ServerConnection) -> None:
+        async for message in socket:
+            frames.append(frame := json.loads(message))
+            events = scripted_response(frame)
+            if len(frames) > 1:
+                events[-1]["response"]["output"] = None
+            for event in events:
+                await socket.send(json.dumps(event))
+
+    async with serve(handler, "127.0.0.1", 0) as listener:
+        port = listener.sockets[0].getsockname()[1]
+        base_url = f"http://127.0.0.1:{port}/v1"
+        async with ws_transport.wrap(AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)) as client:
+            history: list[Any] = [user("hi")]
+            history += (await client.responses.create(model=MODEL, input=history)).output  # opens the direct path
+            stream = await client.responses.create(model=MODEL, input=[*history, user("more")], stream=True)
+            async with stream:
+                events = [event async for event in stream]
+            assert [event.type for event in events] == ["response.created", "response.completed"]
+            assert events[-1].response.output is None
+            response = await client.responses.create(model=MODEL, input=[*history, user("again")])
+            assert response.output is None
+    assert len(frames) == 3
+
+
 def scripted_response(frame: dict[str, Any]) -> list[dict[str, Any]]:
     message = {
         "type": "message",

@@ -265,9 +265,11 @@ class Session:
 
     def adopt(self, turn: TurnRequest, response: Any) -> None:
         """The turn's complete `Response`, as its caller got it, lends its output objects to the chain the turn
-        recorded: the caller's next history holds those very objects, which then match by identity."""
-        if turn.recorded is not None:
-            self.chains.adopt_output(turn.recorded, response.output)
+        recorded: the caller's next history holds those very objects, which then match by identity. An output
+        that is not a list (a server out of spec) is left alone: the chain keeps the recorded JSON."""
+        output = response.output
+        if turn.recorded is not None and type(output) is list:
+            self.chains.adopt_output(turn.recorded, output)
 
     def _record(self, turn: TurnRequest, event: dict[str, Any], generation: int) -> None:
         response = event.get("response") or {}
